@@ -1,0 +1,42 @@
+# obx: PGXS build of the extension, plus the Kafka stand-in in tools/.
+#
+#   make && make install          build and install the extension
+#   make installcheck             pg_regress against a temporary instance
+#   make prove                    end-to-end TAP tests (Kafka stand-in, crashes)
+#   test/run-all                  everything CI runs (installs packages first)
+
+MODULE_big = obx
+OBJS = src/obx.o src/enqueue.o src/outbox.o src/kafka.o src/relay.o src/status.o
+EXTENSION = obx
+DATA = obx--1.0.sql
+PGFILEDESC = "obx - transactional outbox for Kafka"
+
+SHLIB_LINK = -lrdkafka
+PG_CPPFLAGS = -I$(srcdir)/src
+PG_CFLAGS = -Wall -Wmissing-prototypes -Werror
+
+REGRESS = enqueue mark_processed operations privileges
+REGRESS_OPTS = --inputdir=test --outputdir=test/results \
+	--temp-instance=test/tmp_check --temp-config=test/regress.conf
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+all: tools/obx-kafka-mock
+
+tools/obx-kafka-mock: tools/obx_kafka_mock.c
+	$(MAKE) -C tools
+
+PROVE_TESTS ?= t/*.pl
+prove: all tools/obx-kafka-mock
+	PATH="$(bindir):$$PATH" PG_REGRESS="$(top_builddir)/src/test/regress/pg_regress" \
+		OBX_MOCK="$(CURDIR)/tools/obx-kafka-mock" \
+		$(PROVE) $(PROVE_FLAGS) -I $(top_srcdir)/src/test/perl -I t/lib $(PROVE_TESTS)
+
+clean: clean-local
+clean-local:
+	$(MAKE) -C tools clean
+	rm -rf test/results test/tmp_check tmp_check
+
+.PHONY: prove clean-local

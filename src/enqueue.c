@@ -1,0 +1,455 @@
+/*-------------------------------------------------------------------------
+ *
+ * enqueue.c
+ *	  SQL-callable functions of the application side: obx.enqueue, which
+ *	  validates an event and inserts it into the outbox in the caller's
+ *	  transaction, and the commit-time wake-up of the relay workers.
+ *
+ * Every check happens here, inside the caller's transaction, so bad input
+ * fails the statement that made it and never reaches the relay.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+#include "obx.h"
+
+#define OBX_MAX_TOPIC_LEN 249
+#define OBX_MAX_KEY_LEN 1024
+
+PG_FUNCTION_INFO_V1(obx_enqueue);
+PG_FUNCTION_INFO_V1(obx_wake);
+
+static SPIPlanPtr insert_plan = NULL;
+static SPIPlanPtr existing_plan = NULL;
+static bool wake_at_commit = false;
+static bool callback_registered = false;
+
+/*
+ * Kafka's own rule for topic names: 1 to 249 characters of [a-zA-Z0-9._-],
+ * and neither "." nor "..".
+ */
+static void
+check_topic_name(const char *topic)
+{
+	size_t		len = strlen(topic);
+	const char *p;
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("obx topic name must not be empty")));
+	if (len > OBX_MAX_TOPIC_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("obx topic name is too long"),
+				 errdetail("Kafka topic names have at most %d characters; this one has %zu.",
+						   OBX_MAX_TOPIC_LEN, len)));
+	if (strcmp(topic, ".") == 0 || strcmp(topic, "..") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid obx topic name \"%s\"", topic)));
+	for (p = topic; *p; p++)
+	{
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+			  (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' || *p == '-'))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid obx topic name \"%s\"", topic),
+					 errdetail("Kafka topic names may contain only ASCII letters, digits, \".\", \"_\" and \"-\".")));
+	}
+}
+
+/*
+ * topic_allowed
+ *		Whether obx.topics lets the topic through.
+ *
+ * obx.topics is a comma-separated list; an entry ending in "*" matches by
+ * prefix, and "*" alone matches everything.  Blanks around entries are
+ * ignored.
+ */
+static bool
+topic_allowed(const char *topic)
+{
+	const char *p = obx_topics ? obx_topics : "";
+
+	while (*p)
+	{
+		const char *start;
+		const char *end;
+		size_t		len;
+
+		while (*p == ' ' || *p == '\t' || *p == ',')
+			p++;
+		start = p;
+		while (*p && *p != ',')
+			p++;
+		end = p;
+		while (end > start && (end[-1] == ' ' || end[-1] == '\t'))
+			end--;
+		len = end - start;
+		if (len == 0)
+			continue;
+		if (start[len - 1] == '*')
+		{
+			if (strncmp(topic, start, len - 1) == 0)
+				return true;
+		}
+		else if (strlen(topic) == len && strncmp(topic, start, len) == 0)
+			return true;
+	}
+	return false;
+}
+
+static void
+check_headers(Jsonb *headers)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	char	   *key = NULL;
+
+	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("obx event headers must be a JSON object of strings")));
+
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			key = pnstrdup(v.val.string.val, v.val.string.len);
+			if (key[0] == '\0')
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("obx event header names must not be empty")));
+			if (strcmp(key, "event_id") == 0 || strcmp(key, "event_type") == 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("obx event header \"%s\" is reserved", key),
+						 errdetail("obx sets event_id and event_type itself; pass the type as event_type.")));
+		}
+		else if (tok == WJB_VALUE)
+		{
+			if (v.type != jbvString)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("obx event header \"%s\" must be a string", key)));
+		}
+	}
+}
+
+/*
+ * A time-ordered UUID (version 7): 48 bits of Unix milliseconds, then
+ * random bits.  Ordering of events never depends on it (the sequence does);
+ * time order only keeps the primary key index compact.
+ */
+static void
+make_uuid_v7(pg_uuid_t *uuid)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	uint64		unix_ms;
+	int			i;
+
+	unix_ms = (uint64) (now / 1000) +
+		(uint64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+	for (i = 0; i < 6; i++)
+		uuid->data[i] = (unix_ms >> (8 * (5 - i))) & 0xff;
+	if (!pg_strong_random(&uuid->data[6], UUID_LEN - 6))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate random values for an obx event id")));
+	uuid->data[6] = 0x70 | (uuid->data[6] & 0x0f);
+	uuid->data[8] = 0x80 | (uuid->data[8] & 0x3f);
+}
+
+static void
+wake_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			if (wake_at_commit)
+				obx_wake_workers();
+			wake_at_commit = false;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			wake_at_commit = false;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * Arrange for the relay workers to be woken when the current transaction
+ * commits.  The callback runs after the commit is visible to other
+ * backends, so a woken worker finds the new rows.
+ */
+static void
+wake_workers_at_commit(void)
+{
+	if (!callback_registered)
+	{
+		RegisterXactCallback(wake_callback, NULL);
+		callback_registered = true;
+	}
+	wake_at_commit = true;
+}
+
+static text *
+required_text(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("obx event %s must not be null", what)));
+	return PG_GETARG_TEXT_PP(argno);
+}
+
+static void
+prepare_plans(void)
+{
+	Oid			insert_types[7] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
+	TEXTOID, JSONBOID, JSONBOID};
+	Oid			existing_types[1] = {UUIDOID};
+
+	/*
+	 * Every name below is schema-qualified and the statements contain no
+	 * operators, so this SECURITY DEFINER function resolves nothing through
+	 * the caller's search_path.
+	 */
+	if (insert_plan == NULL)
+	{
+		insert_plan = SPI_prepare(
+								  "INSERT INTO obx.outbox_events "
+								  "(id, aggregate_id, topic, event_key, event_type, headers, payload) "
+								  "VALUES ($1, $2, $3, $4, $5, $6, $7) "
+								  "ON CONFLICT (id) DO NOTHING",
+								  7, insert_types);
+		if (insert_plan == NULL)
+			elog(ERROR, "SPI_prepare failed for obx enqueue: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(insert_plan);
+	}
+	if (existing_plan == NULL)
+	{
+		existing_plan = SPI_prepare(
+									"SELECT topic, event_key, payload::text, "
+									"coalesce(event_type, ''), coalesce(headers::text, '') "
+									"FROM obx.outbox_events WHERE id = $1",
+									1, existing_types);
+		if (existing_plan == NULL)
+			elog(ERROR, "SPI_prepare failed for obx enqueue: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(existing_plan);
+	}
+}
+
+static bool
+same_text(HeapTuple tup, TupleDesc desc, int col, const char *expected)
+{
+	char	   *value = SPI_getvalue(tup, desc, col);
+
+	return value != NULL && strcmp(value, expected) == 0;
+}
+
+/*
+ * An event id given twice: a no-op returning the id when the event is the
+ * same (a retried business action), an error when it differs.
+ */
+static void
+check_existing(Datum id, const char *topic, const char *key,
+			   Jsonb *payload, const char *event_type, Jsonb *headers)
+{
+	Datum		values[1] = {id};
+	int			rc;
+	HeapTuple	tup;
+	TupleDesc	desc;
+	char	   *payload_text;
+	char	   *headers_text;
+
+	rc = SPI_execute_plan(existing_plan, values, NULL, false, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx enqueue lookup failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("obx event id %s is already in use",
+						DatumGetCString(DirectFunctionCall1(uuid_out, id))),
+				 errdetail("Another transaction holds it and has not committed.")));
+
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	payload_text = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
+	headers_text = headers ? JsonbToCString(NULL, &headers->root, VARSIZE(headers)) : "";
+	if (!same_text(tup, desc, 1, topic) ||
+		!same_text(tup, desc, 2, key) ||
+		!same_text(tup, desc, 3, payload_text) ||
+		!same_text(tup, desc, 4, event_type ? event_type : "") ||
+		!same_text(tup, desc, 5, headers_text))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("obx event id %s already exists with different content",
+						DatumGetCString(DirectFunctionCall1(uuid_out, id))),
+				 errdetail("Enqueueing an existing event id is a no-op only when topic, key, payload, event type and headers are the same."),
+				 errhint("Give a new event its own id, or omit the id to have one generated.")));
+}
+
+/*
+ * obx.enqueue(topic, event_key, payload, aggregate_id, event_type, headers,
+ *			   event_id) returns uuid
+ *
+ * Validates the event, inserts it into obx.outbox_events in the caller's
+ * transaction and returns its id.  The event exists if and only if the
+ * caller commits.
+ */
+Datum
+obx_enqueue(PG_FUNCTION_ARGS)
+{
+	char	   *topic = text_to_cstring(required_text(fcinfo, 0, "topic"));
+	char	   *key = text_to_cstring(required_text(fcinfo, 1, "key"));
+	Jsonb	   *payload;
+	char	   *aggregate_id = NULL;
+	char	   *event_type = NULL;
+	Jsonb	   *headers = NULL;
+	pg_uuid_t  *id;
+	char	   *payload_text;
+	size_t		payload_len;
+	Datum		values[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	int			rc;
+	bool		inserted;
+
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("obx event payload must not be null")));
+	payload = PG_GETARG_JSONB_P(2);
+
+	check_topic_name(topic);
+	if (!topic_allowed(topic))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("obx topic \"%s\" is not allowed", topic),
+				 errdetail("obx.topics is \"%s\".", obx_topics ? obx_topics : ""),
+				 errhint("Add the topic, or a prefix ending in *, to obx.topics.")));
+
+	if (key[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("obx event key must not be empty"),
+				 errhint("Use the aggregate's id, e.g. the order id, so its events keep their order.")));
+	if (strlen(key) > OBX_MAX_KEY_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("obx event key is too long"),
+				 errdetail("Keys have at most %d bytes; this one has %zu.",
+						   OBX_MAX_KEY_LEN, strlen(key))));
+
+	if (!JB_ROOT_IS_OBJECT(payload) || JB_ROOT_IS_SCALAR(payload))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("obx event payload must be a JSON object"),
+				 errhint("Wrap the data in an object with explicit fields, e.g. {\"eventType\": ..., \"orderId\": ...}.")));
+	payload_text = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
+	payload_len = strlen(payload_text);
+	if (payload_len > (size_t) obx_max_payload_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("obx event payload is too large"),
+				 errdetail("The payload has %zu bytes of JSON; obx.max_payload_size is %d.",
+						   payload_len, obx_max_payload_size)));
+
+	if (!PG_ARGISNULL(3))
+	{
+		aggregate_id = text_to_cstring(PG_GETARG_TEXT_PP(3));
+		if (aggregate_id[0] == '\0')
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("obx aggregate id must not be empty"),
+					 errhint("Pass NULL to use the event key.")));
+	}
+	if (!PG_ARGISNULL(4))
+	{
+		event_type = text_to_cstring(PG_GETARG_TEXT_PP(4));
+		if (event_type[0] == '\0')
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("obx event type must not be empty"),
+					 errhint("Pass NULL when the event has no type.")));
+	}
+	if (!PG_ARGISNULL(5))
+	{
+		headers = PG_GETARG_JSONB_P(5);
+		check_headers(headers);
+	}
+
+	if (PG_ARGISNULL(6))
+	{
+		id = palloc(sizeof(pg_uuid_t));
+		make_uuid_v7(id);
+	}
+	else
+		id = PG_GETARG_UUID_P(6);
+
+	values[0] = UUIDPGetDatum(id);
+	values[1] = CStringGetTextDatum(aggregate_id ? aggregate_id : key);
+	values[2] = CStringGetTextDatum(topic);
+	values[3] = CStringGetTextDatum(key);
+	if (event_type)
+		values[4] = CStringGetTextDatum(event_type);
+	else
+	{
+		values[4] = (Datum) 0;
+		nulls[4] = 'n';
+	}
+	if (headers)
+		values[5] = JsonbPGetDatum(headers);
+	else
+	{
+		values[5] = (Datum) 0;
+		nulls[5] = 'n';
+	}
+	values[6] = JsonbPGetDatum(payload);
+
+	SPI_connect();
+	prepare_plans();
+	rc = SPI_execute_plan(insert_plan, values, nulls, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx enqueue insert failed: %s", SPI_result_code_string(rc));
+	inserted = (SPI_processed == 1);
+	if (!inserted)
+		check_existing(values[0], topic, key, payload, event_type, headers);
+	SPI_finish();
+
+	if (inserted)
+		wake_workers_at_commit();
+
+	PG_RETURN_UUID_P(id);
+}
+
+/*
+ * obx._wake_at_commit() returns void
+ *
+ * Used by the operator functions (retry, replay) so that the events they
+ * make publishable go out at commit instead of at the next poll.
+ */
+Datum
+obx_wake(PG_FUNCTION_ARGS)
+{
+	wake_workers_at_commit();
+	PG_RETURN_VOID();
+}

@@ -1,0 +1,508 @@
+/*-------------------------------------------------------------------------
+ *
+ * kafka.c
+ *	  Everything librdkafka: building the idempotent producer from the
+ *	  obx.* settings, producing a claimed batch, serving delivery reports,
+ *	  logs and errors on the worker's own thread, and classifying errors.
+ *
+ * No transaction, SPI or catalog access happens here, and no callback ever
+ * raises an ERROR: callbacks run inside rd_kafka_poll() and only record
+ * what happened (delivery reports into the batch, errors into flags) or
+ * log at LOG/WARNING level.
+ *
+ * librdkafka's threads never run PostgreSQL code: all signals are blocked
+ * while the handle is created, so its threads inherit a full mask and the
+ * postmaster's signals reach only the worker's main thread.  The main
+ * queue (delivery reports, logs, errors) writes a byte to a pipe when it
+ * becomes non-empty, and the worker waits on that pipe together with its
+ * latch.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+#include <pthread.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "utils/memutils.h"
+
+#include "obx.h"
+
+struct ObxProducer
+{
+	rd_kafka_t *rk;
+	rd_kafka_queue_t *mainq;
+	int			pipefd[2];
+	ObxBatch   *batch;			/* batch whose reports we expect, or NULL */
+	bool		fatal;			/* idempotence broke: rebuild the producer */
+	bool		brokers_down;	/* librdkafka reported all brokers down */
+};
+
+static void
+dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
+{
+	ObxProducer *producer = (ObxProducer *) opaque;
+	intptr_t	idx = (intptr_t) msg->_private - 1;
+	ObxEvent   *ev;
+
+	if (producer->batch == NULL || idx < 0 || idx >= producer->batch->nevents)
+		return;
+	ev = &producer->batch->events[idx];
+	if (ev->outcome != OBX_OUTCOME_IN_FLIGHT)
+		return;
+
+	producer->batch->in_flight--;
+	if (msg->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE ||
+		msg->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
+	{
+		/* We gave up on it; it may or may not have reached the broker. */
+		ev->outcome = OBX_OUTCOME_UNSENT;
+	}
+	else if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		ev->outcome = OBX_OUTCOME_DELIVERED;
+		ev->partition = msg->partition;
+		ev->offset = msg->offset;
+		producer->brokers_down = false;
+	}
+	else
+	{
+		ev->outcome = OBX_OUTCOME_FAILED;
+		ev->err = msg->err;
+		ev->error_class = obx_kafka_classify(msg->err);
+	}
+}
+
+static void
+log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+	/* Broker trouble also arrives through error_callback, as a WARNING. */
+	int			elevel = level <= 4 ? LOG : (level <= 6 ? DEBUG1 : DEBUG2);
+
+	ereport(elevel,
+			(errmsg_internal("obx librdkafka %s: %s", fac, buf)));
+}
+
+static void
+error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+{
+	ObxProducer *producer = (ObxProducer *) opaque;
+
+	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
+		producer->brokers_down = true;
+	if (err == RD_KAFKA_RESP_ERR__FATAL)
+	{
+		char		fatal[256];
+
+		producer->fatal = true;
+		rd_kafka_fatal_error(rk, fatal, sizeof(fatal));
+		ereport(WARNING,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("obx Kafka producer failed fatally: %s", fatal),
+				 errdetail("The producer is rebuilt; undelivered events are retried with the same ids.")));
+		return;
+	}
+	ereport(WARNING,
+			(errcode(ERRCODE_CONNECTION_FAILURE),
+			 errmsg("obx Kafka error %s: %s", rd_kafka_err2name(err), reason)));
+}
+
+static bool
+set_property(rd_kafka_conf_t *conf, const char *name, const char *value,
+			 char *errbuf, size_t errlen)
+{
+	char		err[256];
+
+	if (rd_kafka_conf_set(conf, name, value, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+	{
+		snprintf(errbuf, errlen, "librdkafka property \"%s\": %s", name, err);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Apply obx.kafka_properties: "name=value" pairs separated by semicolons.
+ * Values are not echoed in errors (they may be secrets).
+ */
+static bool
+set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
+{
+	char	   *copy = pstrdup(obx_kafka_properties ? obx_kafka_properties : "");
+	char	   *save = NULL;
+	char	   *item;
+
+	for (item = strtok_r(copy, ";", &save); item; item = strtok_r(NULL, ";", &save))
+	{
+		char	   *eq;
+		char	   *name;
+		char	   *value;
+		char		err[256];
+
+		while (*item == ' ' || *item == '\t' || *item == '\n')
+			item++;
+		if (*item == '\0')
+			continue;
+		eq = strchr(item, '=');
+		if (eq == NULL)
+		{
+			snprintf(errbuf, errlen,
+					 "obx.kafka_properties entry \"%s\" is not name=value", item);
+			return false;
+		}
+		*eq = '\0';
+		name = item;
+		value = eq + 1;
+		while (eq > name && (eq[-1] == ' ' || eq[-1] == '\t'))
+			*--eq = '\0';
+		while (*value == ' ' || *value == '\t')
+			value++;
+		if (rd_kafka_conf_set(conf, name, value, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+		{
+			snprintf(errbuf, errlen, "obx.kafka_properties \"%s\": %s", name, err);
+			return false;
+		}
+	}
+	return true;
+}
+
+/*
+ * obx_kafka_create
+ *		Build an idempotent producer (acks=all) from the current settings.
+ *
+ * Returns NULL with a message in errbuf when the configuration is
+ * rejected; the caller retries after the next reload.
+ */
+ObxProducer *
+obx_kafka_create(char *errbuf, size_t errlen)
+{
+	ObxProducer *producer;
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	char		timeout[32];
+	sigset_t	all;
+	sigset_t	old;
+
+	producer = MemoryContextAllocZero(TopMemoryContext, sizeof(ObxProducer));
+	producer->pipefd[0] = producer->pipefd[1] = -1;
+
+	snprintf(timeout, sizeof(timeout), "%d", obx_delivery_timeout_ms);
+	if (!set_property(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
+		!set_property(conf, "client.id", "obx", errbuf, errlen) ||
+		!set_property(conf, "enable.idempotence", "true", errbuf, errlen) ||
+		!set_property(conf, "acks", "all", errbuf, errlen) ||
+		!set_property(conf, "message.timeout.ms", timeout, errbuf, errlen) ||
+		!set_property(conf, "partitioner", "murmur2_random", errbuf, errlen) ||
+		!set_property(conf, "linger.ms", "5", errbuf, errlen) ||
+		!set_property(conf, "log.queue", "true", errbuf, errlen) ||
+		!set_user_properties(conf, errbuf, errlen))
+	{
+		rd_kafka_conf_destroy(conf);
+		pfree(producer);
+		return NULL;
+	}
+	/* Settings obx depends on for its guarantees win over user settings. */
+	if (!set_property(conf, "enable.idempotence", "true", errbuf, errlen) ||
+		!set_property(conf, "acks", "all", errbuf, errlen))
+	{
+		rd_kafka_conf_destroy(conf);
+		pfree(producer);
+		return NULL;
+	}
+
+	rd_kafka_conf_set_opaque(conf, producer);
+	rd_kafka_conf_set_dr_msg_cb(conf, dr_callback);
+	rd_kafka_conf_set_log_cb(conf, log_callback);
+	rd_kafka_conf_set_error_cb(conf, error_callback);
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	producer->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errbuf, errlen);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (producer->rk == NULL)
+	{
+		rd_kafka_conf_destroy(conf);
+		pfree(producer);
+		return NULL;
+	}
+
+	if (pipe(producer->pipefd) != 0 ||
+		fcntl(producer->pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(producer->pipefd[1], F_SETFL, O_NONBLOCK) != 0)
+	{
+		snprintf(errbuf, errlen, "could not create a pipe: %m");
+		obx_kafka_destroy(producer, 0);
+		return NULL;
+	}
+	rd_kafka_set_log_queue(producer->rk, NULL);
+	producer->mainq = rd_kafka_queue_get_main(producer->rk);
+	rd_kafka_queue_io_event_enable(producer->mainq, producer->pipefd[1], "1", 1);
+	return producer;
+}
+
+/*
+ * obx_kafka_destroy
+ *		Flush for up to flush_ms, purge what is left, and free everything.
+ *
+ * Reports of purged events still land in the attached batch (as transient
+ * failures) before it is detached.
+ */
+void
+obx_kafka_destroy(ObxProducer *producer, int flush_ms)
+{
+	if (producer == NULL)
+		return;
+	if (producer->rk != NULL)
+	{
+		if (flush_ms > 0)
+			rd_kafka_flush(producer->rk, flush_ms);
+		rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+		while (rd_kafka_poll(producer->rk, 0) > 0)
+			;
+		producer->batch = NULL;
+		if (producer->mainq != NULL)
+		{
+			rd_kafka_queue_io_event_enable(producer->mainq, -1, NULL, 0);
+			rd_kafka_queue_destroy(producer->mainq);
+		}
+		rd_kafka_destroy(producer->rk);
+	}
+	if (producer->pipefd[0] >= 0)
+		close(producer->pipefd[0]);
+	if (producer->pipefd[1] >= 0)
+		close(producer->pipefd[1]);
+	pfree(producer);
+}
+
+/*
+ * obx_kafka_detach
+ *		Stop routing delivery reports into the current batch; call once
+ *		the batch has no events in flight.
+ */
+void
+obx_kafka_detach(ObxProducer *producer)
+{
+	producer->batch = NULL;
+}
+
+int
+obx_kafka_event_fd(ObxProducer *producer)
+{
+	return producer->pipefd[0];
+}
+
+static bool
+same_key(const ObxEvent *a, const ObxEvent *b)
+{
+	return strcmp(a->key, b->key) == 0 && strcmp(a->topic, b->topic) == 0;
+}
+
+/*
+ * Whether an earlier event of this event's key failed or was held back in
+ * this batch; then this one must wait too, or it would overtake.
+ */
+static bool
+key_held_back(ObxBatch *batch, int upto, ObxEvent **held, int nheld)
+{
+	int			i;
+
+	for (i = 0; i < nheld; i++)
+		if (same_key(held[i], &batch->events[upto]))
+			return true;
+	return false;
+}
+
+/*
+ * obx_kafka_produce
+ *		Hand every event of the batch to librdkafka, in batch (seq) order,
+ *		with its key and the event_id, event_type and caller's headers.
+ *
+ * An event librdkafka refuses at once is marked FAILED, and the later
+ * events of its key in the batch are left UNSENT so they cannot overtake
+ * it.  The batch stays attached: delivery reports land in it while the
+ * caller serves the producer.
+ */
+void
+obx_kafka_produce(ObxProducer *producer, ObxBatch *batch)
+{
+	ObxEvent  **held = palloc(sizeof(ObxEvent *) * batch->nevents);
+	int			nheld = 0;
+	int			i;
+
+	producer->batch = batch;
+	batch->in_flight = 0;
+
+	for (i = 0; i < batch->nevents; i++)
+	{
+		ObxEvent   *ev = &batch->events[i];
+		rd_kafka_headers_t *hdrs;
+		rd_kafka_resp_err_t err;
+		int			h;
+
+		if (nheld > 0 && key_held_back(batch, i, held, nheld))
+		{
+			ev->outcome = OBX_OUTCOME_UNSENT;
+			continue;
+		}
+
+		hdrs = rd_kafka_headers_new(2 + ev->nheaders);
+		rd_kafka_header_add(hdrs, "event_id", -1, ev->id_text, -1);
+		if (ev->event_type)
+			rd_kafka_header_add(hdrs, "event_type", -1, ev->event_type, -1);
+		for (h = 0; h < ev->nheaders; h++)
+			rd_kafka_header_add(hdrs, ev->header_names[h], -1,
+								ev->header_values[h], -1);
+
+		for (;;)
+		{
+			err = rd_kafka_producev(producer->rk,
+									RD_KAFKA_V_TOPIC(ev->topic),
+									RD_KAFKA_V_KEY(ev->key, strlen(ev->key)),
+									RD_KAFKA_V_VALUE(ev->payload, ev->payload_len),
+									RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+									RD_KAFKA_V_HEADERS(hdrs),
+									RD_KAFKA_V_OPAQUE((void *) (intptr_t) (i + 1)),
+									RD_KAFKA_V_END);
+			if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
+				break;
+			/* The local queue is full: let deliveries drain it. */
+			rd_kafka_poll(producer->rk, 10);
+		}
+
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			ev->outcome = OBX_OUTCOME_IN_FLIGHT;
+			batch->in_flight++;
+		}
+		else
+		{
+			rd_kafka_headers_destroy(hdrs);
+			ev->outcome = OBX_OUTCOME_FAILED;
+			ev->err = err;
+			ev->error_class = obx_kafka_classify(err);
+			held[nheld++] = ev;
+		}
+	}
+}
+
+/*
+ * obx_kafka_serve
+ *		Serve everything waiting on the main queue: delivery reports, logs,
+ *		errors.  Never blocks.
+ */
+void
+obx_kafka_serve(ObxProducer *producer)
+{
+	char		buf[64];
+
+	while (read(producer->pipefd[0], buf, sizeof(buf)) > 0)
+		;
+	while (rd_kafka_poll(producer->rk, 0) > 0)
+		;
+}
+
+/*
+ * obx_kafka_purge
+ *		Drop events not yet sent; their reports say _PURGE_QUEUE.
+ */
+void
+obx_kafka_purge(ObxProducer *producer)
+{
+	rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE);
+	obx_kafka_serve(producer);
+}
+
+bool
+obx_kafka_broken(ObxProducer *producer)
+{
+	return producer->fatal;
+}
+
+bool
+obx_kafka_brokers_down(ObxProducer *producer)
+{
+	return producer->brokers_down;
+}
+
+/*
+ * obx_kafka_classify
+ *		Sort a Kafka error into transient (retry forever), permanent
+ *		(quarantine now) or other (retry up to obx.max_attempts).
+ */
+ObxErrorClass
+obx_kafka_classify(int err)
+{
+	switch ((rd_kafka_resp_err_t) err)
+	{
+		case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
+		case RD_KAFKA_RESP_ERR__TIMED_OUT:
+		case RD_KAFKA_RESP_ERR__TRANSPORT:
+		case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
+		case RD_KAFKA_RESP_ERR__RESOLVE:
+		case RD_KAFKA_RESP_ERR__QUEUE_FULL:
+		case RD_KAFKA_RESP_ERR__PURGE_QUEUE:
+		case RD_KAFKA_RESP_ERR__PURGE_INFLIGHT:
+		case RD_KAFKA_RESP_ERR__DESTROY:
+		case RD_KAFKA_RESP_ERR__FATAL:
+		case RD_KAFKA_RESP_ERR__TIMED_OUT_QUEUE:
+		case RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT:
+		case RD_KAFKA_RESP_ERR_NETWORK_EXCEPTION:
+		case RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE:
+		case RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION:
+		case RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS:
+		case RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+		case RD_KAFKA_RESP_ERR_BROKER_NOT_AVAILABLE:
+		case RD_KAFKA_RESP_ERR_REPLICA_NOT_AVAILABLE:
+		case RD_KAFKA_RESP_ERR_KAFKA_STORAGE_ERROR:
+		case RD_KAFKA_RESP_ERR_NOT_COORDINATOR:
+		case RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE:
+		case RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS:
+		case RD_KAFKA_RESP_ERR_THROTTLING_QUOTA_EXCEEDED:
+		case RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER:
+		case RD_KAFKA_RESP_ERR_UNKNOWN_PRODUCER_ID:
+		case RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH:
+			return OBX_ERROR_TRANSIENT;
+		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG:
+		case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+		case RD_KAFKA_RESP_ERR__INVALID_ARG:
+		case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
+		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+			return OBX_ERROR_PERMANENT;
+		default:
+			return OBX_ERROR_OTHER;
+	}
+}
+
+const char *
+obx_kafka_error_name(int err)
+{
+	return rd_kafka_err2name((rd_kafka_resp_err_t) err);
+}
+
+const char *
+obx_kafka_error_text(int err)
+{
+	return rd_kafka_err2str((rd_kafka_resp_err_t) err);
+}
+
+const char *
+obx_error_class_name(ObxErrorClass cls)
+{
+	switch (cls)
+	{
+		case OBX_ERROR_TRANSIENT:
+			return "transient";
+		case OBX_ERROR_PERMANENT:
+			return "permanent";
+		case OBX_ERROR_OTHER:
+			return "other";
+	}
+	return "other";
+}

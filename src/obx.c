@@ -1,0 +1,308 @@
+/*-------------------------------------------------------------------------
+ *
+ * obx.c
+ *	  Module entry: the obx.* GUCs, the shared memory that lets a committing
+ *	  backend wake the relay workers, and the registration of those workers.
+ *
+ * The relay runs only when obx is in shared_preload_libraries.  Loaded
+ * any other way (a backend calling obx.enqueue in a server without the
+ * preload) the GUCs exist and enqueue works; events then wait in the outbox
+ * until a server with the relay publishes them.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <limits.h>
+
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "postmaster/bgworker.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/guc.h"
+
+#include "obx.h"
+
+PG_MODULE_MAGIC;
+
+char	   *obx_brokers = NULL;
+char	   *obx_kafka_properties = NULL;
+char	   *obx_topics = NULL;
+char	   *obx_database = NULL;
+int			obx_workers = 2;
+int			obx_lease_timeout_s = 60;
+int			obx_batch_size = 1000;
+int			obx_poll_interval_ms = 1000;
+int			obx_max_attempts = 10;
+int			obx_backoff_min_ms = 100;
+int			obx_backoff_max_ms = 60000;
+int			obx_delivery_timeout_ms = 30000;
+int			obx_retention_s = 7 * 24 * 3600;
+int			obx_processed_retention_s = 0;
+int			obx_max_payload_size = 1000000;
+bool		obx_quarantine_blocks_key = true;
+int			obx_shutdown_timeout_ms = 5000;
+
+bool		obx_preloaded = false;
+ObxShared  *obx_shared = NULL;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+void		_PG_init(void);
+static void obx_shmem_request(void);
+static void obx_shmem_startup(void);
+static void define_gucs(void);
+static void register_workers(void);
+
+void
+_PG_init(void)
+{
+	define_gucs();
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	obx_preloaded = true;
+
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = obx_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = obx_shmem_startup;
+
+	register_workers();
+}
+
+static void
+define_gucs(void)
+{
+	DefineCustomStringVariable("obx.brokers",
+							   "Kafka bootstrap servers the relay produces to.",
+							   "A comma-separated host:port list.",
+							   &obx_brokers,
+							   "localhost:9092",
+							   PGC_SIGHUP, 0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("obx.kafka_properties",
+							   "Extra librdkafka producer properties.",
+							   "Semicolon-separated key=value pairs, e.g. "
+							   "security.protocol=SASL_SSL;sasl.username=u.",
+							   &obx_kafka_properties,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("obx.topics",
+							   "Topics obx.enqueue accepts.",
+							   "Comma-separated topic names; an entry ending in * "
+							   "is a prefix; * alone allows any valid topic name.",
+							   &obx_topics,
+							   "*",
+							   PGC_SIGHUP, 0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("obx.database",
+							   "Database whose outbox the relay workers publish.",
+							   NULL,
+							   &obx_database,
+							   "postgres",
+							   PGC_POSTMASTER, 0,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.workers",
+							"Number of relay background workers.",
+							NULL,
+							&obx_workers,
+							2, 0, OBX_MAX_WORKERS,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.lease_timeout",
+							"How long a claimed batch stays leased to its worker.",
+							"A live worker renews its lease while it waits on Kafka; "
+							"the lease of a dead or stalled worker expires and "
+							"another worker re-sends the events.",
+							&obx_lease_timeout_s,
+							60, 1, 86400,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.batch_size",
+							"Most events one worker claims at a time.",
+							NULL,
+							&obx_batch_size,
+							1000, 1, 100000,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.poll_interval",
+							"How often an idle worker looks for events without "
+							"being woken.",
+							"Commits of obx.enqueue wake the workers at once; this "
+							"is the fallback.",
+							&obx_poll_interval_ms,
+							1000, 10, 3600000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.max_attempts",
+							"Attempts before an event failing with an unclassified "
+							"error is quarantined.",
+							"Broker and network trouble is retried without limit.",
+							&obx_max_attempts,
+							10, 1, 1000000,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.backoff_min",
+							"First retry delay after a failed publish.",
+							NULL,
+							&obx_backoff_min_ms,
+							100, 1, 3600000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.backoff_max",
+							"Longest retry delay after repeated failures.",
+							NULL,
+							&obx_backoff_max_ms,
+							60000, 1, 86400000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.delivery_timeout",
+							"How long librdkafka may try to deliver one event "
+							"before the attempt counts as failed.",
+							"Sets message.timeout.ms.",
+							&obx_delivery_timeout_ms,
+							30000, 1000, 3600000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.retention",
+							"How long published events stay in the outbox.",
+							"0 keeps them forever.",
+							&obx_retention_s,
+							7 * 24 * 3600, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.processed_retention",
+							"How long obx.processed_events keeps dedupe history.",
+							"0 keeps it forever.  Must exceed the topic retention "
+							"plus the replay window you promise.",
+							&obx_processed_retention_s,
+							0, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.max_payload_size",
+							"Largest payload obx.enqueue accepts, in bytes of "
+							"JSON text.",
+							NULL,
+							&obx_max_payload_size,
+							1000000, 1, 100000000,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("obx.quarantine_blocks_key",
+							 "Whether a quarantined event holds back the later "
+							 "events of its topic and key.",
+							 "On keeps per-key order strict until the event is "
+							 "retried or skipped.",
+							 &obx_quarantine_blocks_key,
+							 true,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.shutdown_timeout",
+							"How long a stopping worker waits for in-flight "
+							"deliveries.",
+							NULL,
+							&obx_shutdown_timeout_ms,
+							5000, 0, 600000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("obx");
+}
+
+static void
+register_workers(void)
+{
+	BackgroundWorker worker;
+	int			i;
+
+	for (i = 0; i < obx_workers; i++)
+	{
+		memset(&worker, 0, sizeof(worker));
+		worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+			BGWORKER_BACKEND_DATABASE_CONNECTION;
+		worker.bgw_start_time = BgWorkerStart_ConsistentState;
+		worker.bgw_restart_time = 1;
+		snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
+		snprintf(worker.bgw_function_name, BGW_MAXLEN, "obx_relay_main");
+		snprintf(worker.bgw_name, BGW_MAXLEN, "obx relay %d", i);
+		snprintf(worker.bgw_type, BGW_MAXLEN, "obx relay");
+		worker.bgw_main_arg = Int32GetDatum(i);
+		worker.bgw_notify_pid = 0;
+		RegisterBackgroundWorker(&worker);
+	}
+}
+
+static void
+obx_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(ObxShared)));
+}
+
+static void
+obx_shmem_startup(void)
+{
+	bool		found;
+	int			i;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	obx_shared = ShmemInitStruct("obx", sizeof(ObxShared), &found);
+	if (!found)
+	{
+		memset(obx_shared, 0, sizeof(ObxShared));
+		obx_shared->nworkers = obx_workers;
+		for (i = 0; i < OBX_MAX_WORKERS; i++)
+			SpinLockInit(&obx_shared->workers[i].mutex);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * obx_wake_workers
+ *		Set the latch of every running relay worker.
+ *
+ * Called from a commit callback, so it must not fail: it only reads the
+ * slots and sets latches, which is safe at any time.
+ */
+void
+obx_wake_workers(void)
+{
+	int			i;
+
+	if (obx_shared == NULL)
+		return;
+
+	for (i = 0; i < obx_shared->nworkers; i++)
+	{
+		Latch	   *latch = obx_shared->workers[i].latch;
+
+		if (latch != NULL)
+			SetLatch(latch);
+	}
+}

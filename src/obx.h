@@ -1,0 +1,185 @@
+/*-------------------------------------------------------------------------
+ *
+ * obx.h
+ *	  Declarations shared by the parts of obx: the GUC variables, the
+ *	  shared-memory state of the relay workers, the in-memory batch a
+ *	  worker publishes, and the entry points of each file.
+ *
+ * Files and what they own:
+ *	  obx.c		module entry, GUCs, shared memory, worker registration
+ *	  relay.c	the relay worker's main loop
+ *	  outbox.c	every SQL statement the relay runs against the outbox
+ *	  kafka.c	everything librdkafka (no transaction calls in it)
+ *	  enqueue.c	SQL-callable functions: enqueue and the commit wake-up
+ *	  status.c	worker status in shared memory and its SQL view
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OBX_H
+#define OBX_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "storage/latch.h"
+#include "storage/spin.h"
+#include "utils/uuid.h"
+
+#define OBX_MAX_WORKERS 32
+
+/* GUC variables (obx.c) */
+extern char *obx_brokers;
+extern char *obx_kafka_properties;
+extern char *obx_topics;
+extern char *obx_database;
+extern int	obx_workers;
+extern int	obx_lease_timeout_s;
+extern int	obx_batch_size;
+extern int	obx_poll_interval_ms;
+extern int	obx_max_attempts;
+extern int	obx_backoff_min_ms;
+extern int	obx_backoff_max_ms;
+extern int	obx_delivery_timeout_ms;
+extern int	obx_retention_s;
+extern int	obx_processed_retention_s;
+extern int	obx_max_payload_size;
+extern bool obx_quarantine_blocks_key;
+extern int	obx_shutdown_timeout_ms;
+
+/* True when obx was loaded through shared_preload_libraries. */
+extern bool obx_preloaded;
+
+/*
+ * What a relay worker is doing, as shown by obx.workers.
+ */
+typedef enum ObxWorkerState
+{
+	OBX_STATE_STARTING = 0,
+	OBX_STATE_IDLE,
+	OBX_STATE_PRODUCING,
+	OBX_STATE_BACKING_OFF,
+	OBX_STATE_BROKER_DOWN,
+	OBX_STATE_STANDBY,
+	OBX_STATE_WAITING_FOR_EXTENSION,
+	OBX_STATE_STOPPING
+} ObxWorkerState;
+
+/*
+ * One relay worker's slot in shared memory.  The worker writes it; backends
+ * read it (status) or set its latch (wake-up at commit).  Counters and times
+ * are protected by the spinlock; latch and pid are written only by the owner
+ * and read without the lock (a stale read merely wakes nobody).
+ */
+typedef struct ObxWorkerSlot
+{
+	slock_t		mutex;
+	int			pid;
+	Latch	   *latch;
+	ObxWorkerState state;
+	int64		batches;
+	int64		published;
+	int64		errors;
+	TimestampTz started_at;
+	TimestampTz last_success_at;
+	TimestampTz last_error_at;
+	char		last_error[256];
+} ObxWorkerSlot;
+
+typedef struct ObxShared
+{
+	int			nworkers;
+	ObxWorkerSlot workers[OBX_MAX_WORKERS];
+} ObxShared;
+
+extern ObxShared *obx_shared;
+
+/*
+ * How a publish attempt ended for one event.
+ */
+typedef enum ObxOutcome
+{
+	OBX_OUTCOME_UNSENT = 0,		/* not handed to Kafka; release, no attempt */
+	OBX_OUTCOME_IN_FLIGHT,		/* handed to librdkafka, no report yet */
+	OBX_OUTCOME_DELIVERED,		/* acknowledged by the broker */
+	OBX_OUTCOME_FAILED			/* failed; see err and error class */
+} ObxOutcome;
+
+/*
+ * Error classes recorded in last_error_class and used for the decision
+ * between backing off and quarantining.
+ */
+typedef enum ObxErrorClass
+{
+	OBX_ERROR_TRANSIENT,		/* broker or network trouble: retry forever */
+	OBX_ERROR_PERMANENT,		/* this event can never be accepted as is */
+	OBX_ERROR_OTHER				/* unknown: retry up to obx.max_attempts */
+} ObxErrorClass;
+
+/*
+ * One claimed event.  Strings live in the worker's per-batch memory context.
+ */
+typedef struct ObxEvent
+{
+	pg_uuid_t	id;
+	char		id_text[37];
+	char	   *topic;
+	char	   *key;
+	char	   *payload;
+	int			payload_len;
+	char	   *event_type;		/* NULL when not set */
+	int			nheaders;		/* the caller's headers, as name/value pairs */
+	char	  **header_names;
+	char	  **header_values;
+	int			attempts;		/* including this one */
+
+	ObxOutcome	outcome;
+	int			err;			/* rd_kafka_resp_err_t when FAILED */
+	ObxErrorClass error_class;
+	int32		partition;
+	int64		offset;
+} ObxEvent;
+
+typedef struct ObxBatch
+{
+	int64		lease_id;
+	int			nevents;
+	int			in_flight;
+	ObxEvent   *events;
+} ObxBatch;
+
+/* obx.c */
+extern void obx_wake_workers(void);
+
+/* relay.c */
+extern PGDLLEXPORT void obx_relay_main(Datum main_arg);
+
+/* outbox.c: each call is one short transaction of its own */
+extern bool obx_outbox_ready(void);
+extern bool obx_outbox_claim(ObxBatch *batch, int worker);
+extern void obx_outbox_record(ObxBatch *batch);
+extern int	obx_outbox_renew(ObxBatch *batch);
+extern int64 obx_outbox_purge(void);
+
+/* kafka.c: no transaction or SPI calls in it */
+typedef struct ObxProducer ObxProducer;
+extern ObxProducer *obx_kafka_create(char *errbuf, size_t errlen);
+extern void obx_kafka_destroy(ObxProducer *producer, int flush_ms);
+extern int	obx_kafka_event_fd(ObxProducer *producer);
+extern void obx_kafka_produce(ObxProducer *producer, ObxBatch *batch);
+extern void obx_kafka_detach(ObxProducer *producer);
+extern void obx_kafka_serve(ObxProducer *producer);
+extern void obx_kafka_purge(ObxProducer *producer);
+extern bool obx_kafka_broken(ObxProducer *producer);
+extern bool obx_kafka_brokers_down(ObxProducer *producer);
+extern ObxErrorClass obx_kafka_classify(int err);
+extern const char *obx_kafka_error_name(int err);
+extern const char *obx_kafka_error_text(int err);
+extern const char *obx_error_class_name(ObxErrorClass cls);
+
+/* status.c */
+extern void obx_status_set_state(int worker, ObxWorkerState state);
+extern void obx_status_batch_done(int worker, int published, int failed,
+								  const char *error);
+extern const char *obx_state_name(ObxWorkerState state);
+
+#endif							/* OBX_H */

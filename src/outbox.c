@@ -1,0 +1,577 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.c
+ *	  Every statement the relay runs against obx.outbox_events: claiming a
+ *	  batch under a lease, recording what Kafka said, renewing a lease and
+ *	  purging old rows.
+ *
+ * Each exported function is one short transaction of its own, started and
+ * committed here; none is ever open while the worker waits on Kafka.
+ * Statements are prepared once per worker and kept (SPI_keepplan).
+ *
+ * The claim is where per-key order is decided.  An event is claimable when
+ * it is unpublished, not quarantined, not leased, due, and no earlier
+ * (lower seq) unpublished event of the same topic and key is leased, backing
+ * off, or quarantined (when obx.quarantine_blocks_key is on).  Claims are
+ * serialized by a transaction-level advisory lock, so a claim always sees
+ * the leases of the claims before it; together this means the events of a
+ * key a worker holds are always a prefix of that key's unpublished events,
+ * and no two workers ever hold events of the same key.  No cursor ("ids
+ * after the last one seen") is kept, so an event whose transaction commits
+ * late is found by the next claim like any other.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "pgstat.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/uuid.h"
+
+#include "obx.h"
+
+/* Advisory lock key serializing claims: ("obx" in ASCII, 1). */
+#define OBX_CLAIM_LOCK_CLASS 0x6f6278
+#define OBX_CLAIM_LOCK_OBJECT 1
+
+#define OBX_PURGE_BATCH 1000
+
+static SPIPlanPtr claim_lock_plan = NULL;
+static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr delivered_plan = NULL;
+static SPIPlanPtr failed_plan = NULL;
+static SPIPlanPtr release_plan = NULL;
+static SPIPlanPtr renew_plan = NULL;
+
+static const char *claim_sql =
+"WITH claimable AS ("
+"  SELECT e.id"
+"    FROM obx.outbox_events e"
+"   WHERE e.published_at IS NULL"
+"     AND e.quarantined_at IS NULL"
+"     AND (e.lease_until IS NULL OR e.lease_until < now())"
+"     AND e.next_attempt_at <= now()"
+"     AND NOT EXISTS ("
+"       SELECT 1 FROM obx.outbox_events b"
+"        WHERE b.topic = e.topic AND b.event_key = e.event_key"
+"          AND b.seq < e.seq AND b.published_at IS NULL"
+"          AND (b.lease_until >= now()"
+"               OR b.next_attempt_at > now()"
+"               OR (b.quarantined_at IS NOT NULL AND $3)))"
+"   ORDER BY e.seq"
+"   LIMIT $4"
+"), claimed AS ("
+"  UPDATE obx.outbox_events u"
+"     SET lease_id = $1, lease_owner = $2,"
+"         lease_until = now() + make_interval(secs => $5),"
+"         attempts = u.attempts + 1"
+"    FROM claimable c"
+"   WHERE u.id = c.id AND u.published_at IS NULL"
+"  RETURNING u.seq, u.id, u.topic, u.event_key, u.payload::text,"
+"            u.event_type, u.attempts,"
+"            (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
+"               FROM pg_catalog.jsonb_each_text(u.headers) AS h) AS headers"
+") SELECT * FROM claimed ORDER BY seq";
+
+static const char *delivered_sql =
+"UPDATE obx.outbox_events e"
+"   SET published_at = now(), kafka_partition = d.p, kafka_offset = d.o,"
+"       lease_id = NULL, lease_owner = NULL, lease_until = NULL"
+"  FROM unnest($1::uuid[], $2::int4[], $3::int8[]) AS d(id, p, o)"
+" WHERE e.id = d.id AND e.published_at IS NULL";
+
+/*
+ * A failed event backs off exponentially from obx.backoff_min to
+ * obx.backoff_max.  It is quarantined when its error is permanent, or
+ * unclassified and it has used up obx.max_attempts.  Transient errors never
+ * quarantine.  Only rows still under this batch's lease are touched, so a
+ * worker whose lease expired cannot undo a newer claim.
+ */
+static const char *failed_sql =
+"UPDATE obx.outbox_events e"
+"   SET last_error = d.msg, last_error_class = d.cls, last_error_at = now(),"
+"       lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
+"       quarantined_at = CASE WHEN d.cls = 'permanent'"
+"                              OR (d.cls = 'other' AND e.attempts >= $3)"
+"                             THEN now() END,"
+"       next_attempt_at = now() + make_interval(secs =>"
+"           least($5::float8, $4::float8 * power(2, least(e.attempts, 40) - 1)) / 1000)"
+"  FROM unnest($1::uuid[], $6::text[], $7::text[]) AS d(id, cls, msg)"
+" WHERE e.id = d.id AND e.lease_id = $2 AND e.published_at IS NULL"
+" RETURNING e.id::text, e.topic, e.quarantined_at IS NOT NULL";
+
+static const char *release_sql =
+"UPDATE obx.outbox_events e"
+"   SET lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
+"       attempts = greatest(e.attempts - 1, 0)"
+" WHERE e.id = ANY ($1) AND e.lease_id = $2 AND e.published_at IS NULL";
+
+static const char *renew_sql =
+"UPDATE obx.outbox_events e"
+"   SET lease_until = now() + make_interval(secs => $3)"
+" WHERE e.id = ANY ($1) AND e.lease_id = $2 AND e.published_at IS NULL";
+
+/*
+ * Start a short transaction with SPI connected and a snapshot pushed;
+ * returns the memory context the caller was in, for results that must
+ * outlive the transaction.
+ */
+static MemoryContext
+begin_step(const char *activity)
+{
+	MemoryContext caller = CurrentMemoryContext;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "obx could not connect to SPI");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, activity);
+	return caller;
+}
+
+static void
+end_step(MemoryContext caller)
+{
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	MemoryContextSwitchTo(caller);
+}
+
+static SPIPlanPtr
+prepare_kept(const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+
+	if (plan == NULL)
+		elog(ERROR, "obx could not prepare a relay statement: %s",
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
+static void
+prepare_plans(void)
+{
+	if (claim_plan != NULL)
+		return;
+
+	{
+		Oid			types[2] = {INT4OID, INT4OID};
+
+		claim_lock_plan = prepare_kept("SELECT pg_catalog.pg_advisory_xact_lock($1, $2)",
+									   2, types);
+	}
+	{
+		Oid			types[5] = {INT8OID, INT4OID, BOOLOID, INT4OID, FLOAT8OID};
+
+		claim_plan = prepare_kept(claim_sql, 5, types);
+	}
+	{
+		Oid			types[3] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
+
+		delivered_plan = prepare_kept(delivered_sql, 3, types);
+	}
+	{
+		Oid			types[7] = {UUIDARRAYOID, INT8OID, INT4OID, FLOAT8OID,
+		FLOAT8OID, TEXTARRAYOID, TEXTARRAYOID};
+
+		failed_plan = prepare_kept(failed_sql, 7, types);
+	}
+	{
+		Oid			types[2] = {UUIDARRAYOID, INT8OID};
+
+		release_plan = prepare_kept(release_sql, 2, types);
+	}
+	{
+		Oid			types[3] = {UUIDARRAYOID, INT8OID, FLOAT8OID};
+
+		renew_plan = prepare_kept(renew_sql, 3, types);
+	}
+}
+
+/*
+ * obx_outbox_ready
+ *		Whether the obx extension exists in this database.
+ */
+bool
+obx_outbox_ready(void)
+{
+	MemoryContext caller = begin_step("obx: checking for the extension");
+	bool		ready;
+	int			rc;
+
+	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'obx'",
+					 true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx extension check failed: %s", SPI_result_code_string(rc));
+	ready = (SPI_processed == 1);
+	end_step(caller);
+	return ready;
+}
+
+static char *
+copy_value(HeapTuple tup, TupleDesc desc, int col)
+{
+	bool		isnull;
+	Datum		d = SPI_getbinval(tup, desc, col, &isnull);
+
+	if (isnull)
+		return NULL;
+	return TextDatumGetCString(d);
+}
+
+/*
+ * The caller's headers arrive as a two-dimensional text array of
+ * name/value pairs (NULL when the event has none).
+ */
+static void
+copy_headers(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
+{
+	bool		isnull;
+	Datum		d = SPI_getbinval(tup, desc, col, &isnull);
+	Datum	   *elems;
+	int			nelems;
+	int			i;
+
+	ev->nheaders = 0;
+	if (isnull)
+		return;
+	deconstruct_array(DatumGetArrayTypeP(d), TEXTOID, -1, false, TYPALIGN_INT,
+					  &elems, NULL, &nelems);
+	ev->nheaders = nelems / 2;
+	ev->header_names = palloc(sizeof(char *) * ev->nheaders);
+	ev->header_values = palloc(sizeof(char *) * ev->nheaders);
+	for (i = 0; i < ev->nheaders; i++)
+	{
+		ev->header_names[i] = TextDatumGetCString(elems[2 * i]);
+		ev->header_values[i] = TextDatumGetCString(elems[2 * i + 1]);
+	}
+}
+
+/*
+ * obx_outbox_claim
+ *		Lease up to obx.batch_size publishable events to this worker.
+ *
+ * Fills batch (allocated in the caller's memory context) in seq order and
+ * returns whether anything was claimed.  The claim commits before this
+ * returns; attempts is counted at claim time.
+ */
+bool
+obx_outbox_claim(ObxBatch *batch, int worker)
+{
+	MemoryContext caller = begin_step("obx: claiming events");
+	Datum		lock_args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
+	Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
+	Datum		args[5];
+	int			rc;
+	uint64		i;
+	int64		lease_id;
+	bool		isnull;
+
+	prepare_plans();
+
+	rc = SPI_execute("SELECT pg_catalog.nextval('obx.lease_seq')", false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "obx could not draw a lease id: %s", SPI_result_code_string(rc));
+	lease_id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										   SPI_tuptable->tupdesc, 1, &isnull));
+
+	rc = SPI_execute_plan(claim_lock_plan, lock_args, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx claim lock failed: %s", SPI_result_code_string(rc));
+
+	args[0] = Int64GetDatum(lease_id);
+	args[1] = Int32GetDatum(worker);
+	args[2] = BoolGetDatum(obx_quarantine_blocks_key);
+	args[3] = Int32GetDatum(obx_batch_size);
+	args[4] = Float8GetDatum((double) obx_lease_timeout_s);
+	rc = SPI_execute_plan(claim_plan, args, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx claim failed: %s", SPI_result_code_string(rc));
+
+	MemoryContextSwitchTo(caller);
+	batch->lease_id = lease_id;
+	batch->nevents = (int) SPI_processed;
+	batch->in_flight = 0;
+	batch->events = batch->nevents > 0 ?
+		palloc0(sizeof(ObxEvent) * batch->nevents) : NULL;
+
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		ObxEvent   *ev = &batch->events[i];
+		pg_uuid_t  *uuid;
+
+		uuid = DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull));
+		memcpy(&ev->id, uuid, sizeof(pg_uuid_t));
+		strlcpy(ev->id_text,
+				DatumGetCString(DirectFunctionCall1(uuid_out, UUIDPGetDatum(&ev->id))),
+				sizeof(ev->id_text));
+		ev->topic = copy_value(tup, desc, 3);
+		ev->key = copy_value(tup, desc, 4);
+		ev->payload = copy_value(tup, desc, 5);
+		ev->payload_len = strlen(ev->payload);
+		ev->event_type = copy_value(tup, desc, 6);
+		ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull));
+		copy_headers(ev, tup, desc, 8);
+		ev->outcome = OBX_OUTCOME_UNSENT;
+	}
+
+	end_step(caller);
+	return batch->nevents > 0;
+}
+
+static Datum
+uuid_array(ObxEvent **events, int n)
+{
+	Datum	   *elems = palloc(sizeof(Datum) * n);
+	int			i;
+
+	for (i = 0; i < n; i++)
+		elems[i] = UUIDPGetDatum(&events[i]->id);
+	return PointerGetDatum(construct_array(elems, n, UUIDOID, UUID_LEN, false,
+										   TYPALIGN_CHAR));
+}
+
+static void
+record_delivered(ObxEvent **events, int n)
+{
+	Datum	   *parts = palloc(sizeof(Datum) * n);
+	Datum	   *offsets = palloc(sizeof(Datum) * n);
+	Datum		args[3];
+	int			i;
+	int			rc;
+
+	for (i = 0; i < n; i++)
+	{
+		parts[i] = Int32GetDatum(events[i]->partition);
+		offsets[i] = Int64GetDatum(events[i]->offset);
+		elog(DEBUG2, "obx event %s published to topic %s partition %d offset " INT64_FORMAT,
+			 events[i]->id_text, events[i]->topic, events[i]->partition,
+			 events[i]->offset);
+	}
+	args[0] = uuid_array(events, n);
+	args[1] = PointerGetDatum(construct_array(parts, n, INT4OID, 4, true, TYPALIGN_INT));
+	args[2] = PointerGetDatum(construct_array(offsets, n, INT8OID, 8, FLOAT8PASSBYVAL,
+											  TYPALIGN_DOUBLE));
+	rc = SPI_execute_plan(delivered_plan, args, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "obx could not mark events published: %s",
+			 SPI_result_code_string(rc));
+}
+
+static void
+record_failed(ObxBatch *batch, ObxEvent **events, int n)
+{
+	Datum	   *classes = palloc(sizeof(Datum) * n);
+	Datum	   *messages = palloc(sizeof(Datum) * n);
+	Datum		args[7];
+	int			i;
+	int			rc;
+	uint64		j;
+
+	for (i = 0; i < n; i++)
+	{
+		ObxEvent   *ev = events[i];
+
+		classes[i] = CStringGetTextDatum(obx_error_class_name(ev->error_class));
+		messages[i] = CStringGetTextDatum(psprintf("%s: %s",
+												   obx_kafka_error_name(ev->err),
+												   obx_kafka_error_text(ev->err)));
+		ereport(WARNING,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("obx could not publish event %s to topic %s",
+						ev->id_text, ev->topic),
+				 errdetail("error class %s, Kafka error %s: %s, attempt %d",
+						   obx_error_class_name(ev->error_class),
+						   obx_kafka_error_name(ev->err),
+						   obx_kafka_error_text(ev->err), ev->attempts)));
+	}
+	args[0] = uuid_array(events, n);
+	args[1] = Int64GetDatum(batch->lease_id);
+	args[2] = Int32GetDatum(obx_max_attempts);
+	args[3] = Float8GetDatum((double) obx_backoff_min_ms);
+	args[4] = Float8GetDatum((double) obx_backoff_max_ms);
+	args[5] = PointerGetDatum(construct_array(classes, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[6] = PointerGetDatum(construct_array(messages, n, TEXTOID, -1, false, TYPALIGN_INT));
+	rc = SPI_execute_plan(failed_plan, args, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "obx could not record publish errors: %s",
+			 SPI_result_code_string(rc));
+
+	for (j = 0; j < SPI_processed; j++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[j];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+
+		if (DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
+			ereport(WARNING,
+					(errcode(ERRCODE_DATA_EXCEPTION),
+					 errmsg("obx quarantined event %s of topic %s",
+							SPI_getvalue(tup, desc, 1), SPI_getvalue(tup, desc, 2)),
+					 errhint("Fix the cause, then call obx.retry('%s').",
+							 SPI_getvalue(tup, desc, 1))));
+	}
+}
+
+static void
+record_released(ObxBatch *batch, ObxEvent **events, int n)
+{
+	Datum		args[2];
+	int			rc;
+
+	args[0] = uuid_array(events, n);
+	args[1] = Int64GetDatum(batch->lease_id);
+	rc = SPI_execute_plan(release_plan, args, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "obx could not release events: %s", SPI_result_code_string(rc));
+}
+
+/*
+ * obx_outbox_record
+ *		Write what Kafka said about a batch, in one short transaction.
+ *
+ * Delivered events get published_at, partition and offset; failed ones
+ * their error, a backoff or quarantine; events never handed to Kafka (or
+ * still in flight when the worker gives up on them) are released for the
+ * next claim with their attempt given back.
+ */
+void
+obx_outbox_record(ObxBatch *batch)
+{
+	MemoryContext caller;
+	ObxEvent  **delivered;
+	ObxEvent  **failed;
+	ObxEvent  **released;
+	int			ndelivered = 0;
+	int			nfailed = 0;
+	int			nreleased = 0;
+	int			i;
+
+	if (batch->nevents == 0)
+		return;
+
+	delivered = palloc(sizeof(ObxEvent *) * batch->nevents);
+	failed = palloc(sizeof(ObxEvent *) * batch->nevents);
+	released = palloc(sizeof(ObxEvent *) * batch->nevents);
+	for (i = 0; i < batch->nevents; i++)
+	{
+		ObxEvent   *ev = &batch->events[i];
+
+		switch (ev->outcome)
+		{
+			case OBX_OUTCOME_DELIVERED:
+				delivered[ndelivered++] = ev;
+				break;
+			case OBX_OUTCOME_FAILED:
+				failed[nfailed++] = ev;
+				break;
+			case OBX_OUTCOME_UNSENT:
+			case OBX_OUTCOME_IN_FLIGHT:
+				released[nreleased++] = ev;
+				break;
+		}
+	}
+
+	caller = begin_step("obx: recording deliveries");
+	prepare_plans();
+	if (ndelivered > 0)
+		record_delivered(delivered, ndelivered);
+	if (nfailed > 0)
+		record_failed(batch, failed, nfailed);
+	if (nreleased > 0)
+		record_released(batch, released, nreleased);
+	end_step(caller);
+}
+
+/*
+ * obx_outbox_renew
+ *		Extend the lease of a batch still in flight; returns how many of
+ *		its events are still held (fewer than expected means the lease
+ *		expired and another worker took them over).
+ */
+int
+obx_outbox_renew(ObxBatch *batch)
+{
+	MemoryContext caller = begin_step("obx: renewing lease");
+	ObxEvent  **events = palloc(sizeof(ObxEvent *) * batch->nevents);
+	Datum		args[3];
+	int			rc;
+	int			held;
+	int			i;
+
+	for (i = 0; i < batch->nevents; i++)
+		events[i] = &batch->events[i];
+	prepare_plans();
+	args[0] = uuid_array(events, batch->nevents);
+	args[1] = Int64GetDatum(batch->lease_id);
+	args[2] = Float8GetDatum((double) obx_lease_timeout_s);
+	rc = SPI_execute_plan(renew_plan, args, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "obx could not renew a lease: %s", SPI_result_code_string(rc));
+	held = (int) SPI_processed;
+	end_step(caller);
+	return held;
+}
+
+/*
+ * obx_outbox_purge
+ *		Delete up to OBX_PURGE_BATCH published events older than
+ *		obx.retention, and as many dedupe rows older than
+ *		obx.processed_retention; returns how many rows went.
+ */
+int64
+obx_outbox_purge(void)
+{
+	MemoryContext caller;
+	int64		purged = 0;
+	int			rc;
+	Oid			types[2] = {FLOAT8OID, INT4OID};
+	Datum		args[2];
+
+	if (obx_retention_s == 0 && obx_processed_retention_s == 0)
+		return 0;
+
+	caller = begin_step("obx: purging old rows");
+	args[1] = Int32GetDatum(OBX_PURGE_BATCH);
+	if (obx_retention_s > 0)
+	{
+		args[0] = Float8GetDatum((double) obx_retention_s);
+		rc = SPI_execute_with_args(
+								   "DELETE FROM obx.outbox_events WHERE id IN ("
+								   " SELECT id FROM obx.outbox_events"
+								   "  WHERE published_at < now() - make_interval(secs => $1)"
+								   "  ORDER BY published_at LIMIT $2)",
+								   2, types, args, NULL, false, 0);
+		if (rc != SPI_OK_DELETE)
+			elog(ERROR, "obx purge failed: %s", SPI_result_code_string(rc));
+		purged += SPI_processed;
+	}
+	if (obx_processed_retention_s > 0)
+	{
+		args[0] = Float8GetDatum((double) obx_processed_retention_s);
+		rc = SPI_execute_with_args(
+								   "DELETE FROM obx.processed_events WHERE ctid IN ("
+								   " SELECT ctid FROM obx.processed_events"
+								   "  WHERE processed_at < now() - make_interval(secs => $1)"
+								   "  ORDER BY processed_at LIMIT $2)",
+								   2, types, args, NULL, false, 0);
+		if (rc != SPI_OK_DELETE)
+			elog(ERROR, "obx dedupe purge failed: %s", SPI_result_code_string(rc));
+		purged += SPI_processed;
+	}
+	end_step(caller);
+	return purged;
+}

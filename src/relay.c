@@ -1,0 +1,358 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay.c
+ *	  The relay worker: claim a batch (a short transaction), produce it to
+ *	  Kafka, wait for the delivery reports while serving the latch, SIGHUP
+ *	  and SIGTERM, then record the outcome (another short transaction).
+ *
+ * No transaction is open while the worker waits on Kafka; the only database
+ * work during the wait is a lease renewal, itself a short transaction.
+ * Any unexpected error ends the worker with exit status 1 and the
+ * postmaster starts it again; its leased events are re-sent with the same
+ * ids once the lease expires.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xlog.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "obx.h"
+
+#define OBX_PURGE_INTERVAL_MS 10000
+#define OBX_PRODUCER_RETRY_MS 5000
+
+static int	my_worker = -1;
+static ObxProducer *producer = NULL;
+static bool rebuild_producer = false;
+static bool last_batch_failed = false;
+
+static void
+detach_slot(int code, Datum arg)
+{
+	ObxWorkerSlot *slot = &obx_shared->workers[my_worker];
+
+	SpinLockAcquire(&slot->mutex);
+	slot->pid = 0;
+	slot->latch = NULL;
+	slot->state = OBX_STATE_STOPPING;
+	SpinLockRelease(&slot->mutex);
+}
+
+static void
+attach_slot(void)
+{
+	ObxWorkerSlot *slot = &obx_shared->workers[my_worker];
+
+	SpinLockAcquire(&slot->mutex);
+	slot->pid = MyProcPid;
+	slot->latch = MyLatch;
+	slot->state = OBX_STATE_STARTING;
+	slot->started_at = GetCurrentTimestamp();
+	SpinLockRelease(&slot->mutex);
+	on_shmem_exit(detach_slot, (Datum) 0);
+}
+
+static char *
+kafka_settings(void)
+{
+	return psprintf("%s|%s|%d", obx_brokers, obx_kafka_properties,
+					obx_delivery_timeout_ms);
+}
+
+/*
+ * Reload the configuration on SIGHUP.  A change of anything the producer
+ * is built from rebuilds it, but only between batches, so events in flight
+ * are reported by the producer that sent them.
+ */
+static void
+process_reload(void)
+{
+	char	   *before;
+
+	if (!ConfigReloadPending)
+		return;
+	ConfigReloadPending = false;
+	before = kafka_settings();
+	ProcessConfigFile(PGC_SIGHUP);
+	if (strcmp(before, kafka_settings()) != 0)
+	{
+		rebuild_producer = true;
+		ereport(LOG,
+				(errmsg("obx relay %d: Kafka settings changed, rebuilding the producer",
+						my_worker)));
+	}
+}
+
+/*
+ * Sleep until the latch is set, the producer has something to serve, or
+ * timeout_ms passes.  Serves the producer and the signals on the way out.
+ */
+static void
+wait_for_work(long timeout_ms)
+{
+	int			events = WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH;
+	pgsocket	fd = PGINVALID_SOCKET;
+
+	if (producer != NULL)
+	{
+		events |= WL_SOCKET_READABLE;
+		fd = obx_kafka_event_fd(producer);
+	}
+	(void) WaitLatchOrSocket(MyLatch, events, fd, timeout_ms, PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
+	CHECK_FOR_INTERRUPTS();
+	if (producer != NULL)
+		obx_kafka_serve(producer);
+	process_reload();
+}
+
+static long
+ms_until(TimestampTz t)
+{
+	long		secs;
+	int			usecs;
+
+	TimestampDifference(GetCurrentTimestamp(), t, &secs, &usecs);
+	return secs * 1000 + usecs / 1000;
+}
+
+/*
+ * publish_batch
+ *		Produce a claimed batch and wait for every delivery report, then
+ *		record the outcome.
+ *
+ * While waiting, renews the lease every third of obx.lease_timeout.  If
+ * the renewal finds the lease lost (the worker stalled and another took
+ * the events over), events not yet sent are purged.  On shutdown it waits
+ * at most obx.shutdown_timeout, and on a change of Kafka settings not at
+ * all; whatever is still in flight then is released and re-sent later with
+ * the same ids (by the new producer, after a settings change).
+ */
+static void
+publish_batch(ObxBatch *batch)
+{
+	TimestampTz renew_at;
+	TimestampTz give_up_at = 0;
+	long		renew_every_ms = obx_lease_timeout_s * 1000L / 3;
+	int			delivered = 0;
+	int			failed = 0;
+	const char *last_error = NULL;
+	int			i;
+
+	obx_status_set_state(my_worker, OBX_STATE_PRODUCING);
+	obx_kafka_produce(producer, batch);
+	renew_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), renew_every_ms);
+
+	while (batch->in_flight > 0)
+	{
+		long		timeout = Max(1, Min(ms_until(renew_at), 1000));
+
+		if (give_up_at != 0)
+			timeout = Max(1, Min(timeout, ms_until(give_up_at)));
+		wait_for_work(timeout);
+
+		obx_status_set_state(my_worker, obx_kafka_brokers_down(producer) ?
+							 OBX_STATE_BROKER_DOWN : OBX_STATE_PRODUCING);
+
+		/* New Kafka settings: give these events to the new producer. */
+		if (rebuild_producer)
+			break;
+
+		if (ShutdownRequestPending)
+		{
+			if (give_up_at == 0)
+				give_up_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														 obx_shutdown_timeout_ms);
+			else if (GetCurrentTimestamp() >= give_up_at)
+				break;
+		}
+
+		if (batch->in_flight > 0 && GetCurrentTimestamp() >= renew_at)
+		{
+			int			held = obx_outbox_renew(batch);
+
+			if (held < batch->nevents)
+			{
+				ereport(WARNING,
+						(errmsg("obx relay %d lost the lease on %d of %d events",
+								my_worker, batch->nevents - held, batch->nevents),
+						 errdetail("The worker was stalled for longer than obx.lease_timeout; another worker re-sends them.")));
+				obx_kafka_purge(producer);
+			}
+			renew_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												   renew_every_ms);
+		}
+	}
+
+	if (batch->in_flight > 0)
+	{
+		/*
+		 * Shutting down or rebuilding: purge, so every outcome is final
+		 * before recording.  Purged events are released and re-sent.
+		 */
+		obx_kafka_destroy(producer, 0);
+		producer = NULL;
+	}
+	else
+		obx_kafka_detach(producer);
+
+	for (i = 0; i < batch->nevents; i++)
+	{
+		ObxEvent   *ev = &batch->events[i];
+
+		if (ev->outcome == OBX_OUTCOME_DELIVERED)
+			delivered++;
+		else if (ev->outcome == OBX_OUTCOME_FAILED)
+		{
+			failed++;
+			last_error = psprintf("event %s topic %s: %s (%s)", ev->id_text,
+								  ev->topic, obx_kafka_error_name(ev->err),
+								  obx_error_class_name(ev->error_class));
+		}
+	}
+
+	obx_outbox_record(batch);
+	last_batch_failed = (failed > 0);
+	obx_status_batch_done(my_worker, delivered, failed, last_error);
+	elog(DEBUG1, "obx relay %d: batch of %d events, %d published, %d failed",
+		 my_worker, batch->nevents, delivered, failed);
+
+	if (producer != NULL && (rebuild_producer || obx_kafka_broken(producer)))
+	{
+		obx_kafka_destroy(producer, 0);
+		producer = NULL;
+	}
+}
+
+/*
+ * obx_relay_main
+ *		Entry point of relay worker number main_arg.
+ */
+void
+obx_relay_main(Datum main_arg)
+{
+	MemoryContext loop_cxt;
+	bool		ready = false;
+	bool		said_waiting = false;
+	TimestampTz next_purge = 0;
+	TimestampTz next_producer_try = 0;
+
+	my_worker = DatumGetInt32(main_arg);
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+	BackgroundWorkerUnblockSignals();
+
+	BackgroundWorkerInitializeConnection(obx_database, NULL, 0);
+	attach_slot();
+	pgstat_report_appname("obx relay");
+
+	loop_cxt = AllocSetContextCreate(TopMemoryContext, "obx relay loop",
+									 ALLOCSET_DEFAULT_SIZES);
+
+	ereport(LOG,
+			(errmsg("obx relay %d started for database \"%s\"", my_worker,
+					obx_database)));
+
+	while (!ShutdownRequestPending)
+	{
+		ObxBatch	batch;
+
+		MemoryContextSwitchTo(loop_cxt);
+		MemoryContextReset(loop_cxt);
+		process_reload();
+
+		if (RecoveryInProgress())
+		{
+			obx_status_set_state(my_worker, OBX_STATE_STANDBY);
+			wait_for_work(obx_poll_interval_ms);
+			continue;
+		}
+
+		if (!ready)
+		{
+			ready = obx_outbox_ready();
+			if (!ready)
+			{
+				if (!said_waiting)
+					ereport(LOG,
+							(errmsg("obx relay %d is waiting for CREATE EXTENSION obx in database \"%s\"",
+									my_worker, obx_database)));
+				said_waiting = true;
+				obx_status_set_state(my_worker, OBX_STATE_WAITING_FOR_EXTENSION);
+				wait_for_work(obx_poll_interval_ms);
+				continue;
+			}
+		}
+
+		if (producer == NULL)
+		{
+			char		errbuf[512];
+
+			if (GetCurrentTimestamp() < next_producer_try)
+			{
+				wait_for_work(ms_until(next_producer_try));
+				continue;
+			}
+			producer = obx_kafka_create(errbuf, sizeof(errbuf));
+			rebuild_producer = false;
+			if (producer == NULL)
+			{
+				ereport(WARNING,
+						(errcode(ERRCODE_CONFIG_FILE_ERROR),
+						 errmsg("obx relay %d could not create a Kafka producer: %s",
+								my_worker, errbuf),
+						 errhint("Check obx.brokers and obx.kafka_properties, then reload.")));
+				obx_status_batch_done(my_worker, 0, 0, errbuf);
+				obx_status_set_state(my_worker, OBX_STATE_BROKER_DOWN);
+				next_producer_try = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+																OBX_PRODUCER_RETRY_MS);
+				continue;
+			}
+		}
+
+		if (my_worker == 0 && GetCurrentTimestamp() >= next_purge)
+		{
+			int64		purged = obx_outbox_purge();
+
+			next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													 purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);
+		}
+
+		if (obx_outbox_claim(&batch, my_worker))
+		{
+			publish_batch(&batch);
+			continue;
+		}
+
+		obx_status_set_state(my_worker,
+							 obx_kafka_brokers_down(producer) ? OBX_STATE_BROKER_DOWN :
+							 last_batch_failed ? OBX_STATE_BACKING_OFF :
+							 OBX_STATE_IDLE);
+		if (rebuild_producer)
+		{
+			obx_kafka_destroy(producer, 0);
+			producer = NULL;
+			continue;
+		}
+		wait_for_work(obx_poll_interval_ms);
+	}
+
+	obx_status_set_state(my_worker, OBX_STATE_STOPPING);
+	obx_kafka_destroy(producer, 0);
+	producer = NULL;
+	ereport(LOG, (errmsg("obx relay %d stopped", my_worker)));
+	proc_exit(0);
+}

@@ -1,0 +1,124 @@
+/*-------------------------------------------------------------------------
+ *
+ * status.c
+ *	  Relay worker status: the workers write their state and counters into
+ *	  their shared-memory slot, and obx.worker_status() (the obx.workers
+ *	  view) reads them.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+#include "funcapi.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "obx.h"
+
+PG_FUNCTION_INFO_V1(obx_worker_status);
+
+const char *
+obx_state_name(ObxWorkerState state)
+{
+	switch (state)
+	{
+		case OBX_STATE_STARTING:
+			return "starting";
+		case OBX_STATE_IDLE:
+			return "idle";
+		case OBX_STATE_PRODUCING:
+			return "producing";
+		case OBX_STATE_BACKING_OFF:
+			return "backing off";
+		case OBX_STATE_BROKER_DOWN:
+			return "broker down";
+		case OBX_STATE_STANDBY:
+			return "standby";
+		case OBX_STATE_WAITING_FOR_EXTENSION:
+			return "waiting for extension";
+		case OBX_STATE_STOPPING:
+			return "stopped";
+	}
+	return "unknown";
+}
+
+void
+obx_status_set_state(int worker, ObxWorkerState state)
+{
+	ObxWorkerSlot *slot = &obx_shared->workers[worker];
+
+	SpinLockAcquire(&slot->mutex);
+	slot->state = state;
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * obx_status_batch_done
+ *		Count a finished batch; error (may be NULL) describes the last
+ *		failure in it.
+ */
+void
+obx_status_batch_done(int worker, int published, int failed, const char *error)
+{
+	ObxWorkerSlot *slot = &obx_shared->workers[worker];
+	TimestampTz now = GetCurrentTimestamp();
+
+	SpinLockAcquire(&slot->mutex);
+	slot->batches++;
+	slot->published += published;
+	slot->errors += failed;
+	if (published > 0)
+		slot->last_success_at = now;
+	if (error != NULL)
+	{
+		slot->last_error_at = now;
+		strlcpy(slot->last_error, error, sizeof(slot->last_error));
+	}
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * obx.worker_status(): one row per configured relay worker.
+ */
+Datum
+obx_worker_status(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (obx_shared == NULL)
+		return (Datum) 0;
+
+	for (i = 0; i < obx_shared->nworkers; i++)
+	{
+		ObxWorkerSlot *slot = &obx_shared->workers[i];
+		ObxWorkerSlot copy;
+		Datum		values[10];
+		bool		nulls[10] = {0};
+
+		SpinLockAcquire(&slot->mutex);
+		memcpy(&copy, slot, sizeof(copy));
+		SpinLockRelease(&slot->mutex);
+
+		values[0] = Int32GetDatum(i);
+		values[1] = Int32GetDatum(copy.pid);
+		nulls[1] = (copy.pid == 0);
+		values[2] = CStringGetTextDatum(copy.pid == 0 && copy.started_at == 0 ?
+										"not started" : obx_state_name(copy.state));
+		values[3] = Int64GetDatum(copy.batches);
+		values[4] = Int64GetDatum(copy.published);
+		values[5] = Int64GetDatum(copy.errors);
+		values[6] = TimestampTzGetDatum(copy.started_at);
+		nulls[6] = (copy.started_at == 0);
+		values[7] = TimestampTzGetDatum(copy.last_success_at);
+		nulls[7] = (copy.last_success_at == 0);
+		values[8] = TimestampTzGetDatum(copy.last_error_at);
+		nulls[8] = (copy.last_error_at == 0);
+		values[9] = CStringGetTextDatum(copy.last_error);
+		nulls[9] = (copy.last_error[0] == '\0');
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
