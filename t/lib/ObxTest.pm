@@ -1,0 +1,212 @@
+# ObxTest.pm: shared pieces of the end-to-end tests.
+#
+# Starts the project's Kafka stand-in (tools/obx-kafka-mock), starts
+# PostgreSQL nodes with obx preloaded and pointed at it, sends fault
+# injection commands, and reads back what reached the broker with kcat, an
+# independent Kafka client.  Every wait here is on a condition, with the
+# harness timeout ($PostgreSQL::Test::Utils::timeout_default) as the limit.
+package ObxTest;
+
+use strict;
+use warnings;
+
+use Exporter 'import';
+use IO::Socket::INET;
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep time);
+
+our @EXPORT = qw(start_mock mock_cmd obx_node read_topic wait_for_broker
+  wait_until all_published event_ids_at_broker first_occurrences
+  committed_ids relay_pids);
+
+my @mocks;
+
+# start_mock(%opts): start the Kafka stand-in; returns a hash with
+# bootstrap, control (host:port) and pid.  Options: brokers, partitions.
+sub start_mock
+{
+	my (%opts) = @_;
+	my $bin = $ENV{OBX_MOCK} || 'tools/obx-kafka-mock';
+	my $dir = PostgreSQL::Test::Utils::tempdir('mock');
+	my $state = "$dir/state";
+	my @cmd = ($bin, '--state-file', $state);
+	push @cmd, '--brokers', $opts{brokers} if $opts{brokers};
+	push @cmd, '--partitions', $opts{partitions} if $opts{partitions};
+
+	my ($in, $out, $err) = ('', '', '');
+	my $h = IPC::Run::start(\@cmd, \$in, '>', "$dir/stdout", '2>', "$dir/stderr");
+	wait_until(sub { -f $state }, 'Kafka stand-in to start');
+
+	my %mock = (handle => $h, dir => $dir);
+	open(my $fh, '<', $state) or die "cannot read $state: $!";
+	while (my $line = <$fh>)
+	{
+		chomp $line;
+		my ($k, $v) = split /=/, $line, 2;
+		$mock{$k} = $v;
+	}
+	close $fh;
+	die "stand-in gave no bootstrap list" unless $mock{bootstrap};
+	push @mocks, \%mock;
+	return \%mock;
+}
+
+# mock_cmd($mock, "down all"): one fault-injection command; dies unless the
+# stand-in answers ok.  Returns the reply line.
+sub mock_cmd
+{
+	my ($mock, $cmd) = @_;
+	my $sock = IO::Socket::INET->new(PeerAddr => $mock->{control}, Timeout => 10)
+	  or die "cannot reach the stand-in at $mock->{control}: $!";
+	print $sock "$cmd\n";
+	my $reply = <$sock>;
+	close $sock;
+	die "stand-in refused '$cmd': " . ($reply // 'no reply')
+	  unless defined $reply && $reply =~ /^ok/;
+	chomp $reply;
+	return $reply;
+}
+
+# obx_node($name, $mock, %conf): a started PostgreSQL node with obx
+# preloaded, pointed at the stand-in, with the extension created.  Extra
+# settings come as obx_setting => value pairs ('obx.workers' => 3).
+sub obx_node
+{
+	my ($name, $mock, %conf) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init;
+	my %settings = (
+		'shared_preload_libraries' => "'obx'",
+		'obx.brokers' => "'$mock->{bootstrap}'",
+		'obx.database' => "'postgres'",
+		'obx.poll_interval' => "'200ms'",
+		'obx.backoff_min' => "'50ms'",
+		'obx.backoff_max' => "'1s'",
+		'log_min_messages' => 'log',
+		%conf);
+	$node->append_conf('postgresql.conf',
+		join('', map { "$_ = $settings{$_}\n" } sort keys %settings));
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION obx');
+	return $node;
+}
+
+# wait_until(sub { ... }, 'what'): poll a condition every 50 ms until it
+# holds; fails the test (and returns false) after the harness timeout.
+sub wait_until
+{
+	my ($cond, $what) = @_;
+	my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
+	while (time() < $deadline)
+	{
+		return 1 if $cond->();
+		usleep(50_000);
+	}
+	fail("timed out waiting for $what");
+	return 0;
+}
+
+# read_topic($mock, $topic): every message in the topic, read from the
+# beginning by kcat.  Each is a hash: partition, offset, key, payload,
+# headers (a hash), event_id.  Per partition they are in offset order.
+sub read_topic
+{
+	my ($mock, $topic) = @_;
+	my ($out, $err) = ('', '');
+	my @cmd = ('kcat', '-C', '-b', $mock->{bootstrap}, '-t', $topic,
+		'-o', 'beginning', '-e', '-q', '-f', "%p\t%o\t%k\t%h\t%s\n");
+	IPC::Run::run(\@cmd, '<', \undef, '>', \$out, '2>', \$err,
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	my @msgs;
+	for my $line (split /\n/, $out)
+	{
+		my ($p, $o, $k, $h, $s) = split /\t/, $line, 5;
+		next unless defined $o && $o =~ /^\d+$/;
+		my %headers = map { split /=/, $_, 2 } grep { length } split /,/, ($h // '');
+		push @msgs, {
+			partition => $p, offset => $o, key => $k, payload => $s,
+			headers => \%headers, event_id => $headers{event_id} };
+	}
+	return \@msgs;
+}
+
+# wait_for_broker($mock, $topic, sub { my $msgs = shift; ... }, 'what'):
+# re-read the topic until the condition holds on its messages; returns them.
+sub wait_for_broker
+{
+	my ($mock, $topic, $cond, $what) = @_;
+	my $msgs;
+	wait_until(sub { $msgs = read_topic($mock, $topic); $cond->($msgs) }, $what);
+	return $msgs;
+}
+
+# all_published($node): wait until the outbox has no unpublished event.
+sub all_published
+{
+	my ($node) = @_;
+	return $node->poll_query_until('postgres',
+		'SELECT count(*) = 0 FROM obx.outbox_events WHERE published_at IS NULL');
+}
+
+# event_ids_at_broker($msgs): the set of event ids seen, as a hash id => count.
+sub event_ids_at_broker
+{
+	my ($msgs) = @_;
+	my %seen;
+	$seen{ $_->{event_id} // '' }++ for @$msgs;
+	return \%seen;
+}
+
+# first_occurrences($msgs): per key, the list of event ids in the order the
+# broker stored them (by partition offset), keeping only the first copy of
+# each id (re-sends after a crash are duplicates, not reorders).
+sub first_occurrences
+{
+	my ($msgs) = @_;
+	my (%order, %seen);
+	for my $m (sort { $a->{partition} <=> $b->{partition} || $a->{offset} <=> $b->{offset} } @$msgs)
+	{
+		next if $seen{ $m->{event_id} }++;
+		push @{ $order{ $m->{key} } }, $m->{event_id};
+	}
+	return \%order;
+}
+
+# committed_ids($node, $where): per key, the committed event ids in enqueue
+# (seq) order, from the outbox itself.
+sub committed_ids
+{
+	my ($node, $where) = @_;
+	$where //= 'true';
+	my $rows = $node->safe_psql('postgres',
+		"SELECT event_key, id FROM obx.outbox_events WHERE $where ORDER BY seq");
+	my %order;
+	for my $line (split /\n/, $rows)
+	{
+		my ($k, $id) = split /\|/, $line;
+		push @{ $order{$k} }, $id;
+	}
+	return \%order;
+}
+
+# relay_pids($node): pids of the running relay workers.
+sub relay_pids
+{
+	my ($node) = @_;
+	my $out = $node->safe_psql('postgres',
+		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'obx relay' ORDER BY pid");
+	return [ grep { length } split /\n/, $out ];
+}
+
+END
+{
+	for my $m (@mocks)
+	{
+		eval { $m->{handle}->kill_kill(grace => 5); };
+	}
+}
+
+1;
