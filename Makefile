@@ -3,7 +3,7 @@
 #   make && make install          build and install the extension
 #   make installcheck             pg_regress against a temporary instance
 #   make prove                    end-to-end TAP tests (Kafka stand-in, crashes)
-#   test/run-all                  everything CI runs (installs packages first)
+#   test/run-all                  everything CI runs: packages, build, all tests
 
 MODULE_big = obx
 OBJS = src/obx.o src/enqueue.o src/outbox.o src/kafka.o src/relay.o src/status.o
@@ -28,8 +28,9 @@ all: tools/obx-kafka-mock
 tools/obx-kafka-mock: tools/obx_kafka_mock.c
 	$(MAKE) -C tools
 
+# Runs against the installed extension (make install first), like installcheck.
 PROVE_TESTS ?= t/*.pl
-prove: all tools/obx-kafka-mock
+prove:
 	PATH="$(bindir):$$PATH" PG_REGRESS="$(top_builddir)/src/test/regress/pg_regress" \
 		OBX_MOCK="$(CURDIR)/tools/obx-kafka-mock" \
 		$(PROVE) $(PROVE_FLAGS) -I $(top_srcdir)/src/test/perl -I t/lib $(PROVE_TESTS)

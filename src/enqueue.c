@@ -24,7 +24,7 @@
 #include "obx.h"
 
 #define OBX_MAX_TOPIC_LEN 249
-#define OBX_MAX_KEY_LEN 1024
+#define OBX_MAX_KEY_LEN   1024
 
 PG_FUNCTION_INFO_V1(obx_enqueue);
 PG_FUNCTION_INFO_V1(obx_wake);
@@ -41,7 +41,7 @@ static bool callback_registered = false;
 static void
 check_topic_name(const char *topic)
 {
-	size_t		len = strlen(topic);
+	size_t len = strlen(topic);
 	const char *p;
 
 	if (len == 0)
@@ -86,7 +86,7 @@ topic_allowed(const char *topic)
 	{
 		const char *start;
 		const char *end;
-		size_t		len;
+		size_t len;
 
 		while (*p == ' ' || *p == '\t' || *p == ',')
 			p++;
@@ -114,9 +114,9 @@ static void
 check_headers(Jsonb *headers)
 {
 	JsonbIterator *it;
-	JsonbValue	v;
+	JsonbValue v;
 	JsonbIteratorToken tok;
-	char	   *key = NULL;
+	char *key = NULL;
 
 	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
 		ereport(ERROR,
@@ -158,11 +158,11 @@ static void
 make_uuid_v7(pg_uuid_t *uuid)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	uint64		unix_ms;
-	int			i;
+	uint64 unix_ms;
+	int i;
 
 	unix_ms = (uint64) (now / 1000) +
-		(uint64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+			  (uint64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
 	for (i = 0; i < 6; i++)
 		uuid->data[i] = (unix_ms >> (8 * (5 - i))) & 0xff;
 	if (!pg_strong_random(&uuid->data[6], UUID_LEN - 6))
@@ -222,9 +222,9 @@ required_text(FunctionCallInfo fcinfo, int argno, const char *what)
 static void
 prepare_plans(void)
 {
-	Oid			insert_types[7] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
-	TEXTOID, JSONBOID, JSONBOID};
-	Oid			existing_types[1] = {UUIDOID};
+	Oid insert_types[7] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
+						   TEXTOID, JSONBOID, JSONBOID};
+	Oid existing_types[1] = {UUIDOID};
 
 	/*
 	 * Every name below is schema-qualified and the statements contain no
@@ -234,11 +234,11 @@ prepare_plans(void)
 	if (insert_plan == NULL)
 	{
 		insert_plan = SPI_prepare(
-								  "INSERT INTO obx.outbox_events "
-								  "(id, aggregate_id, topic, event_key, event_type, headers, payload) "
-								  "VALUES ($1, $2, $3, $4, $5, $6, $7) "
-								  "ON CONFLICT (id) DO NOTHING",
-								  7, insert_types);
+			"INSERT INTO obx.outbox_events "
+			"(id, aggregate_id, topic, event_key, event_type, headers, payload) "
+			"VALUES ($1, $2, $3, $4, $5, $6, $7) "
+			"ON CONFLICT (id) DO NOTHING",
+			7, insert_types);
 		if (insert_plan == NULL)
 			elog(ERROR, "SPI_prepare failed for obx enqueue: %s",
 				 SPI_result_code_string(SPI_result));
@@ -247,10 +247,10 @@ prepare_plans(void)
 	if (existing_plan == NULL)
 	{
 		existing_plan = SPI_prepare(
-									"SELECT topic, event_key, payload::text, "
-									"coalesce(event_type, ''), coalesce(headers::text, '') "
-									"FROM obx.outbox_events WHERE id = $1",
-									1, existing_types);
+			"SELECT topic, event_key, payload::text, "
+			"coalesce(event_type, ''), coalesce(headers::text, '') "
+			"FROM obx.outbox_events WHERE id = $1",
+			1, existing_types);
 		if (existing_plan == NULL)
 			elog(ERROR, "SPI_prepare failed for obx enqueue: %s",
 				 SPI_result_code_string(SPI_result));
@@ -261,7 +261,7 @@ prepare_plans(void)
 static bool
 same_text(HeapTuple tup, TupleDesc desc, int col, const char *expected)
 {
-	char	   *value = SPI_getvalue(tup, desc, col);
+	char *value = SPI_getvalue(tup, desc, col);
 
 	return value != NULL && strcmp(value, expected) == 0;
 }
@@ -274,12 +274,12 @@ static void
 check_existing(Datum id, const char *topic, const char *key,
 			   Jsonb *payload, const char *event_type, Jsonb *headers)
 {
-	Datum		values[1] = {id};
-	int			rc;
-	HeapTuple	tup;
-	TupleDesc	desc;
-	char	   *payload_text;
-	char	   *headers_text;
+	Datum values[1] = {id};
+	int rc;
+	HeapTuple tup;
+	TupleDesc desc;
+	char *payload_text;
+	char *headers_text;
 
 	rc = SPI_execute_plan(existing_plan, values, NULL, false, 1);
 	if (rc != SPI_OK_SELECT)
@@ -319,19 +319,19 @@ check_existing(Datum id, const char *topic, const char *key,
 Datum
 obx_enqueue(PG_FUNCTION_ARGS)
 {
-	char	   *topic = text_to_cstring(required_text(fcinfo, 0, "topic"));
-	char	   *key = text_to_cstring(required_text(fcinfo, 1, "key"));
-	Jsonb	   *payload;
-	char	   *aggregate_id = NULL;
-	char	   *event_type = NULL;
-	Jsonb	   *headers = NULL;
-	pg_uuid_t  *id;
-	char	   *payload_text;
-	size_t		payload_len;
-	Datum		values[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	int			rc;
-	bool		inserted;
+	char *topic = text_to_cstring(required_text(fcinfo, 0, "topic"));
+	char *key = text_to_cstring(required_text(fcinfo, 1, "key"));
+	Jsonb *payload;
+	char *aggregate_id = NULL;
+	char *event_type = NULL;
+	Jsonb *headers = NULL;
+	pg_uuid_t *id;
+	char *payload_text;
+	size_t payload_len;
+	Datum values[7];
+	char nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	int rc;
+	bool inserted;
 
 	if (PG_ARGISNULL(2))
 		ereport(ERROR,

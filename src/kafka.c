@@ -36,18 +36,18 @@ struct ObxProducer
 {
 	rd_kafka_t *rk;
 	rd_kafka_queue_t *mainq;
-	int			pipefd[2];
-	ObxBatch   *batch;			/* batch whose reports we expect, or NULL */
-	bool		fatal;			/* idempotence broke: rebuild the producer */
-	bool		brokers_down;	/* librdkafka reported all brokers down */
+	int pipefd[2];
+	ObxBatch *batch;   /* batch whose reports we expect, or NULL */
+	bool fatal;        /* idempotence broke: rebuild the producer */
+	bool brokers_down; /* librdkafka reported all brokers down */
 };
 
 static void
 dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 {
 	ObxProducer *producer = (ObxProducer *) opaque;
-	intptr_t	idx = (intptr_t) msg->_private - 1;
-	ObxEvent   *ev;
+	intptr_t idx = (intptr_t) msg->_private - 1;
+	ObxEvent *ev;
 
 	if (producer->batch == NULL || idx < 0 || idx >= producer->batch->nevents)
 		return;
@@ -81,7 +81,7 @@ static void
 log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 {
 	/* Broker trouble also arrives through error_callback, as a WARNING. */
-	int			elevel = level <= 4 ? LOG : (level <= 6 ? DEBUG1 : DEBUG2);
+	int elevel = level <= 4 ? LOG : (level <= 6 ? DEBUG1 : DEBUG2);
 
 	ereport(elevel,
 			(errmsg_internal("obx librdkafka %s: %s", fac, buf)));
@@ -96,7 +96,7 @@ error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 		producer->brokers_down = true;
 	if (err == RD_KAFKA_RESP_ERR__FATAL)
 	{
-		char		fatal[256];
+		char fatal[256];
 
 		producer->fatal = true;
 		rd_kafka_fatal_error(rk, fatal, sizeof(fatal));
@@ -115,7 +115,7 @@ static bool
 set_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 			 char *errbuf, size_t errlen)
 {
-	char		err[256];
+	char err[256];
 
 	if (rd_kafka_conf_set(conf, name, value, err, sizeof(err)) != RD_KAFKA_CONF_OK)
 	{
@@ -132,16 +132,16 @@ set_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 static bool
 set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 {
-	char	   *copy = pstrdup(obx_kafka_properties ? obx_kafka_properties : "");
-	char	   *save = NULL;
-	char	   *item;
+	char *copy = pstrdup(obx_kafka_properties ? obx_kafka_properties : "");
+	char *save = NULL;
+	char *item;
 
 	for (item = strtok_r(copy, ";", &save); item; item = strtok_r(NULL, ";", &save))
 	{
-		char	   *eq;
-		char	   *name;
-		char	   *value;
-		char		err[256];
+		char *eq;
+		char *name;
+		char *value;
+		char err[256];
 
 		while (*item == ' ' || *item == '\t' || *item == '\n')
 			item++;
@@ -182,9 +182,9 @@ obx_kafka_create(char *errbuf, size_t errlen)
 {
 	ObxProducer *producer;
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	char		timeout[32];
-	sigset_t	all;
-	sigset_t	old;
+	char timeout[32];
+	sigset_t all;
+	sigset_t old;
 
 	producer = MemoryContextAllocZero(TopMemoryContext, sizeof(ObxProducer));
 	producer->pipefd[0] = producer->pipefd[1] = -1;
@@ -307,7 +307,7 @@ same_key(const ObxEvent *a, const ObxEvent *b)
 static bool
 key_held_back(ObxBatch *batch, int upto, ObxEvent **held, int nheld)
 {
-	int			i;
+	int i;
 
 	for (i = 0; i < nheld; i++)
 		if (same_key(held[i], &batch->events[upto]))
@@ -328,19 +328,19 @@ key_held_back(ObxBatch *batch, int upto, ObxEvent **held, int nheld)
 void
 obx_kafka_produce(ObxProducer *producer, ObxBatch *batch)
 {
-	ObxEvent  **held = palloc(sizeof(ObxEvent *) * batch->nevents);
-	int			nheld = 0;
-	int			i;
+	ObxEvent **held = palloc(sizeof(ObxEvent *) * batch->nevents);
+	int nheld = 0;
+	int i;
 
 	producer->batch = batch;
 	batch->in_flight = 0;
 
 	for (i = 0; i < batch->nevents; i++)
 	{
-		ObxEvent   *ev = &batch->events[i];
+		ObxEvent *ev = &batch->events[i];
 		rd_kafka_headers_t *hdrs;
 		rd_kafka_resp_err_t err;
-		int			h;
+		int h;
 
 		if (nheld > 0 && key_held_back(batch, i, held, nheld))
 		{
@@ -396,7 +396,7 @@ obx_kafka_produce(ObxProducer *producer, ObxBatch *batch)
 void
 obx_kafka_serve(ObxProducer *producer)
 {
-	char		buf[64];
+	char buf[64];
 
 	while (read(producer->pipefd[0], buf, sizeof(buf)) > 0)
 		;

@@ -27,31 +27,31 @@
 
 PG_MODULE_MAGIC;
 
-char	   *obx_brokers = NULL;
-char	   *obx_kafka_properties = NULL;
-char	   *obx_topics = NULL;
-char	   *obx_database = NULL;
-int			obx_workers = 2;
-int			obx_lease_timeout_s = 60;
-int			obx_batch_size = 1000;
-int			obx_poll_interval_ms = 1000;
-int			obx_max_attempts = 10;
-int			obx_backoff_min_ms = 100;
-int			obx_backoff_max_ms = 60000;
-int			obx_delivery_timeout_ms = 30000;
-int			obx_retention_s = 7 * 24 * 3600;
-int			obx_processed_retention_s = 0;
-int			obx_max_payload_size = 1000000;
-bool		obx_quarantine_blocks_key = true;
-int			obx_shutdown_timeout_ms = 5000;
+char *obx_brokers = NULL;
+char *obx_kafka_properties = NULL;
+char *obx_topics = NULL;
+char *obx_database = NULL;
+int obx_workers = 2;
+int obx_lease_timeout_s = 60;
+int obx_batch_size = 1000;
+int obx_poll_interval_ms = 1000;
+int obx_max_attempts = 10;
+int obx_backoff_min_ms = 100;
+int obx_backoff_max_ms = 60000;
+int obx_delivery_timeout_ms = 30000;
+int obx_retention_s = 7 * 24 * 3600;
+int obx_processed_retention_s = 0;
+int obx_max_payload_size = 1000000;
+bool obx_quarantine_blocks_key = true;
+int obx_shutdown_timeout_ms = 5000;
 
-bool		obx_preloaded = false;
-ObxShared  *obx_shared = NULL;
+bool obx_preloaded = false;
+ObxShared *obx_shared = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
-void		_PG_init(void);
+void _PG_init(void);
 static void obx_shmem_request(void);
 static void obx_shmem_startup(void);
 static void define_gucs(void);
@@ -235,13 +235,13 @@ static void
 register_workers(void)
 {
 	BackgroundWorker worker;
-	int			i;
+	int i;
 
 	for (i = 0; i < obx_workers; i++)
 	{
 		memset(&worker, 0, sizeof(worker));
 		worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-			BGWORKER_BACKEND_DATABASE_CONNECTION;
+						   BGWORKER_BACKEND_DATABASE_CONNECTION;
 		worker.bgw_start_time = BgWorkerStart_ConsistentState;
 		worker.bgw_restart_time = 1;
 		snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
@@ -265,8 +265,8 @@ obx_shmem_request(void)
 static void
 obx_shmem_startup(void)
 {
-	bool		found;
-	int			i;
+	bool found;
+	int i;
 
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
@@ -293,14 +293,14 @@ obx_shmem_startup(void)
 void
 obx_wake_workers(void)
 {
-	int			i;
+	int i;
 
 	if (obx_shared == NULL)
 		return;
 
 	for (i = 0; i < obx_shared->nworkers; i++)
 	{
-		Latch	   *latch = obx_shared->workers[i].latch;
+		Latch *latch = obx_shared->workers[i].latch;
 
 		if (latch != NULL)
 			SetLatch(latch);

@@ -32,19 +32,19 @@ extern char *obx_brokers;
 extern char *obx_kafka_properties;
 extern char *obx_topics;
 extern char *obx_database;
-extern int	obx_workers;
-extern int	obx_lease_timeout_s;
-extern int	obx_batch_size;
-extern int	obx_poll_interval_ms;
-extern int	obx_max_attempts;
-extern int	obx_backoff_min_ms;
-extern int	obx_backoff_max_ms;
-extern int	obx_delivery_timeout_ms;
-extern int	obx_retention_s;
-extern int	obx_processed_retention_s;
-extern int	obx_max_payload_size;
+extern int obx_workers;
+extern int obx_lease_timeout_s;
+extern int obx_batch_size;
+extern int obx_poll_interval_ms;
+extern int obx_max_attempts;
+extern int obx_backoff_min_ms;
+extern int obx_backoff_max_ms;
+extern int obx_delivery_timeout_ms;
+extern int obx_retention_s;
+extern int obx_processed_retention_s;
+extern int obx_max_payload_size;
 extern bool obx_quarantine_blocks_key;
-extern int	obx_shutdown_timeout_ms;
+extern int obx_shutdown_timeout_ms;
 
 /* True when obx was loaded through shared_preload_libraries. */
 extern bool obx_preloaded;
@@ -72,22 +72,22 @@ typedef enum ObxWorkerState
  */
 typedef struct ObxWorkerSlot
 {
-	slock_t		mutex;
-	int			pid;
-	Latch	   *latch;
+	slock_t mutex;
+	int pid;
+	Latch *latch;
 	ObxWorkerState state;
-	int64		batches;
-	int64		published;
-	int64		errors;
+	int64 batches;
+	int64 published;
+	int64 errors;
 	TimestampTz started_at;
 	TimestampTz last_success_at;
 	TimestampTz last_error_at;
-	char		last_error[256];
+	char last_error[256];
 } ObxWorkerSlot;
 
 typedef struct ObxShared
 {
-	int			nworkers;
+	int nworkers;
 	ObxWorkerSlot workers[OBX_MAX_WORKERS];
 } ObxShared;
 
@@ -98,10 +98,10 @@ extern ObxShared *obx_shared;
  */
 typedef enum ObxOutcome
 {
-	OBX_OUTCOME_UNSENT = 0,		/* not handed to Kafka; release, no attempt */
-	OBX_OUTCOME_IN_FLIGHT,		/* handed to librdkafka, no report yet */
-	OBX_OUTCOME_DELIVERED,		/* acknowledged by the broker */
-	OBX_OUTCOME_FAILED			/* failed; see err and error class */
+	OBX_OUTCOME_UNSENT = 0, /* not handed to Kafka; release, no attempt */
+	OBX_OUTCOME_IN_FLIGHT,  /* handed to librdkafka, no report yet */
+	OBX_OUTCOME_DELIVERED,  /* acknowledged by the broker */
+	OBX_OUTCOME_FAILED      /* failed; see err and error class */
 } ObxOutcome;
 
 /*
@@ -110,9 +110,9 @@ typedef enum ObxOutcome
  */
 typedef enum ObxErrorClass
 {
-	OBX_ERROR_TRANSIENT,		/* broker or network trouble: retry forever */
-	OBX_ERROR_PERMANENT,		/* this event can never be accepted as is */
-	OBX_ERROR_OTHER				/* unknown: retry up to obx.max_attempts */
+	OBX_ERROR_TRANSIENT, /* broker or network trouble: retry forever */
+	OBX_ERROR_PERMANENT, /* this event can never be accepted as is */
+	OBX_ERROR_OTHER      /* unknown: retry up to obx.max_attempts */
 } ObxErrorClass;
 
 /*
@@ -120,31 +120,31 @@ typedef enum ObxErrorClass
  */
 typedef struct ObxEvent
 {
-	pg_uuid_t	id;
-	char		id_text[37];
-	char	   *topic;
-	char	   *key;
-	char	   *payload;
-	int			payload_len;
-	char	   *event_type;		/* NULL when not set */
-	int			nheaders;		/* the caller's headers, as name/value pairs */
-	char	  **header_names;
-	char	  **header_values;
-	int			attempts;		/* including this one */
+	pg_uuid_t id;
+	char id_text[37];
+	char *topic;
+	char *key;
+	char *payload;
+	int payload_len;
+	char *event_type; /* NULL when not set */
+	int nheaders;     /* the caller's headers, as name/value pairs */
+	char **header_names;
+	char **header_values;
+	int attempts; /* including this one */
 
-	ObxOutcome	outcome;
-	int			err;			/* rd_kafka_resp_err_t when FAILED */
+	ObxOutcome outcome;
+	int err; /* rd_kafka_resp_err_t when FAILED */
 	ObxErrorClass error_class;
-	int32		partition;
-	int64		offset;
+	int32 partition;
+	int64 offset;
 } ObxEvent;
 
 typedef struct ObxBatch
 {
-	int64		lease_id;
-	int			nevents;
-	int			in_flight;
-	ObxEvent   *events;
+	int64 lease_id;
+	int nevents;
+	int in_flight;
+	ObxEvent *events;
 } ObxBatch;
 
 /* obx.c */
@@ -157,14 +157,14 @@ extern PGDLLEXPORT void obx_relay_main(Datum main_arg);
 extern bool obx_outbox_ready(void);
 extern bool obx_outbox_claim(ObxBatch *batch, int worker);
 extern void obx_outbox_record(ObxBatch *batch);
-extern int	obx_outbox_renew(ObxBatch *batch);
+extern int obx_outbox_renew(ObxBatch *batch);
 extern int64 obx_outbox_purge(void);
 
 /* kafka.c: no transaction or SPI calls in it */
 typedef struct ObxProducer ObxProducer;
 extern ObxProducer *obx_kafka_create(char *errbuf, size_t errlen);
 extern void obx_kafka_destroy(ObxProducer *producer, int flush_ms);
-extern int	obx_kafka_event_fd(ObxProducer *producer);
+extern int obx_kafka_event_fd(ObxProducer *producer);
 extern void obx_kafka_produce(ObxProducer *producer, ObxBatch *batch);
 extern void obx_kafka_detach(ObxProducer *producer);
 extern void obx_kafka_serve(ObxProducer *producer);
@@ -182,4 +182,4 @@ extern void obx_status_batch_done(int worker, int published, int failed,
 								  const char *error);
 extern const char *obx_state_name(ObxWorkerState state);
 
-#endif							/* OBX_H */
+#endif /* OBX_H */

@@ -37,7 +37,7 @@
 #include "obx.h"
 
 /* Advisory lock key serializing claims: ("obx" in ASCII, 1). */
-#define OBX_CLAIM_LOCK_CLASS 0x6f6278
+#define OBX_CLAIM_LOCK_CLASS  0x6f6278
 #define OBX_CLAIM_LOCK_OBJECT 1
 
 #define OBX_PURGE_BATCH 1000
@@ -50,41 +50,41 @@ static SPIPlanPtr release_plan = NULL;
 static SPIPlanPtr renew_plan = NULL;
 
 static const char *claim_sql =
-"WITH claimable AS ("
-"  SELECT e.id"
-"    FROM obx.outbox_events e"
-"   WHERE e.published_at IS NULL"
-"     AND e.quarantined_at IS NULL"
-"     AND (e.lease_until IS NULL OR e.lease_until < now())"
-"     AND e.next_attempt_at <= now()"
-"     AND NOT EXISTS ("
-"       SELECT 1 FROM obx.outbox_events b"
-"        WHERE b.topic = e.topic AND b.event_key = e.event_key"
-"          AND b.seq < e.seq AND b.published_at IS NULL"
-"          AND (b.lease_until >= now()"
-"               OR b.next_attempt_at > now()"
-"               OR (b.quarantined_at IS NOT NULL AND $3)))"
-"   ORDER BY e.seq"
-"   LIMIT $4"
-"), claimed AS ("
-"  UPDATE obx.outbox_events u"
-"     SET lease_id = $1, lease_owner = $2,"
-"         lease_until = now() + make_interval(secs => $5),"
-"         attempts = u.attempts + 1"
-"    FROM claimable c"
-"   WHERE u.id = c.id AND u.published_at IS NULL"
-"  RETURNING u.seq, u.id, u.topic, u.event_key, u.payload::text,"
-"            u.event_type, u.attempts,"
-"            (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
-"               FROM pg_catalog.jsonb_each_text(u.headers) AS h) AS headers"
-") SELECT * FROM claimed ORDER BY seq";
+	"WITH claimable AS ("
+	"  SELECT e.id"
+	"    FROM obx.outbox_events e"
+	"   WHERE e.published_at IS NULL"
+	"     AND e.quarantined_at IS NULL"
+	"     AND (e.lease_until IS NULL OR e.lease_until < now())"
+	"     AND e.next_attempt_at <= now()"
+	"     AND NOT EXISTS ("
+	"       SELECT 1 FROM obx.outbox_events b"
+	"        WHERE b.topic = e.topic AND b.event_key = e.event_key"
+	"          AND b.seq < e.seq AND b.published_at IS NULL"
+	"          AND (b.lease_until >= now()"
+	"               OR b.next_attempt_at > now()"
+	"               OR (b.quarantined_at IS NOT NULL AND $3)))"
+	"   ORDER BY e.seq"
+	"   LIMIT $4"
+	"), claimed AS ("
+	"  UPDATE obx.outbox_events u"
+	"     SET lease_id = $1, lease_owner = $2,"
+	"         lease_until = now() + make_interval(secs => $5),"
+	"         attempts = u.attempts + 1"
+	"    FROM claimable c"
+	"   WHERE u.id = c.id AND u.published_at IS NULL"
+	"  RETURNING u.seq, u.id, u.topic, u.event_key, u.payload::text,"
+	"            u.event_type, u.attempts,"
+	"            (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
+	"               FROM pg_catalog.jsonb_each_text(u.headers) AS h) AS headers"
+	") SELECT * FROM claimed ORDER BY seq";
 
 static const char *delivered_sql =
-"UPDATE obx.outbox_events e"
-"   SET published_at = now(), kafka_partition = d.p, kafka_offset = d.o,"
-"       lease_id = NULL, lease_owner = NULL, lease_until = NULL"
-"  FROM unnest($1::uuid[], $2::int4[], $3::int8[]) AS d(id, p, o)"
-" WHERE e.id = d.id AND e.published_at IS NULL";
+	"UPDATE obx.outbox_events e"
+	"   SET published_at = now(), kafka_partition = d.p, kafka_offset = d.o,"
+	"       lease_id = NULL, lease_owner = NULL, lease_until = NULL"
+	"  FROM unnest($1::uuid[], $2::int4[], $3::int8[]) AS d(id, p, o)"
+	" WHERE e.id = d.id AND e.published_at IS NULL";
 
 /*
  * A failed event backs off exponentially from obx.backoff_min to
@@ -94,28 +94,28 @@ static const char *delivered_sql =
  * worker whose lease expired cannot undo a newer claim.
  */
 static const char *failed_sql =
-"UPDATE obx.outbox_events e"
-"   SET last_error = d.msg, last_error_class = d.cls, last_error_at = now(),"
-"       lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
-"       quarantined_at = CASE WHEN d.cls = 'permanent'"
-"                              OR (d.cls = 'other' AND e.attempts >= $3)"
-"                             THEN now() END,"
-"       next_attempt_at = now() + make_interval(secs =>"
-"           least($5::float8, $4::float8 * power(2, least(e.attempts, 40) - 1)) / 1000)"
-"  FROM unnest($1::uuid[], $6::text[], $7::text[]) AS d(id, cls, msg)"
-" WHERE e.id = d.id AND e.lease_id = $2 AND e.published_at IS NULL"
-" RETURNING e.id::text, e.topic, e.quarantined_at IS NOT NULL";
+	"UPDATE obx.outbox_events e"
+	"   SET last_error = d.msg, last_error_class = d.cls, last_error_at = now(),"
+	"       lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
+	"       quarantined_at = CASE WHEN d.cls = 'permanent'"
+	"                              OR (d.cls = 'other' AND e.attempts >= $3)"
+	"                             THEN now() END,"
+	"       next_attempt_at = now() + make_interval(secs =>"
+	"           least($5::float8, $4::float8 * power(2, least(e.attempts, 40) - 1)) / 1000)"
+	"  FROM unnest($1::uuid[], $6::text[], $7::text[]) AS d(id, cls, msg)"
+	" WHERE e.id = d.id AND e.lease_id = $2 AND e.published_at IS NULL"
+	" RETURNING e.id::text, e.topic, e.quarantined_at IS NOT NULL";
 
 static const char *release_sql =
-"UPDATE obx.outbox_events e"
-"   SET lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
-"       attempts = greatest(e.attempts - 1, 0)"
-" WHERE e.id = ANY ($1) AND e.lease_id = $2 AND e.published_at IS NULL";
+	"UPDATE obx.outbox_events e"
+	"   SET lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
+	"       attempts = greatest(e.attempts - 1, 0)"
+	" WHERE e.id = ANY ($1) AND e.lease_id = $2 AND e.published_at IS NULL";
 
 static const char *renew_sql =
-"UPDATE obx.outbox_events e"
-"   SET lease_until = now() + make_interval(secs => $3)"
-" WHERE e.id = ANY ($1) AND e.lease_id = $2 AND e.published_at IS NULL";
+	"UPDATE obx.outbox_events e"
+	"   SET lease_until = now() + make_interval(secs => $3)"
+	" WHERE e.id = ANY ($1) AND e.lease_id = $2 AND e.published_at IS NULL";
 
 /*
  * Start a short transaction with SPI connected and a snapshot pushed;
@@ -150,7 +150,7 @@ end_step(MemoryContext caller)
 static SPIPlanPtr
 prepare_kept(const char *sql, int nargs, Oid *argtypes)
 {
-	SPIPlanPtr	plan = SPI_prepare(sql, nargs, argtypes);
+	SPIPlanPtr plan = SPI_prepare(sql, nargs, argtypes);
 
 	if (plan == NULL)
 		elog(ERROR, "obx could not prepare a relay statement: %s",
@@ -166,34 +166,34 @@ prepare_plans(void)
 		return;
 
 	{
-		Oid			types[2] = {INT4OID, INT4OID};
+		Oid types[2] = {INT4OID, INT4OID};
 
 		claim_lock_plan = prepare_kept("SELECT pg_catalog.pg_advisory_xact_lock($1, $2)",
 									   2, types);
 	}
 	{
-		Oid			types[5] = {INT8OID, INT4OID, BOOLOID, INT4OID, FLOAT8OID};
+		Oid types[5] = {INT8OID, INT4OID, BOOLOID, INT4OID, FLOAT8OID};
 
 		claim_plan = prepare_kept(claim_sql, 5, types);
 	}
 	{
-		Oid			types[3] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
+		Oid types[3] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
 
 		delivered_plan = prepare_kept(delivered_sql, 3, types);
 	}
 	{
-		Oid			types[7] = {UUIDARRAYOID, INT8OID, INT4OID, FLOAT8OID,
-		FLOAT8OID, TEXTARRAYOID, TEXTARRAYOID};
+		Oid types[7] = {UUIDARRAYOID, INT8OID, INT4OID, FLOAT8OID,
+						FLOAT8OID, TEXTARRAYOID, TEXTARRAYOID};
 
 		failed_plan = prepare_kept(failed_sql, 7, types);
 	}
 	{
-		Oid			types[2] = {UUIDARRAYOID, INT8OID};
+		Oid types[2] = {UUIDARRAYOID, INT8OID};
 
 		release_plan = prepare_kept(release_sql, 2, types);
 	}
 	{
-		Oid			types[3] = {UUIDARRAYOID, INT8OID, FLOAT8OID};
+		Oid types[3] = {UUIDARRAYOID, INT8OID, FLOAT8OID};
 
 		renew_plan = prepare_kept(renew_sql, 3, types);
 	}
@@ -207,8 +207,8 @@ bool
 obx_outbox_ready(void)
 {
 	MemoryContext caller = begin_step("obx: checking for the extension");
-	bool		ready;
-	int			rc;
+	bool ready;
+	int rc;
 
 	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'obx'",
 					 true, 1);
@@ -222,8 +222,8 @@ obx_outbox_ready(void)
 static char *
 copy_value(HeapTuple tup, TupleDesc desc, int col)
 {
-	bool		isnull;
-	Datum		d = SPI_getbinval(tup, desc, col, &isnull);
+	bool isnull;
+	Datum d = SPI_getbinval(tup, desc, col, &isnull);
 
 	if (isnull)
 		return NULL;
@@ -237,11 +237,11 @@ copy_value(HeapTuple tup, TupleDesc desc, int col)
 static void
 copy_headers(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
 {
-	bool		isnull;
-	Datum		d = SPI_getbinval(tup, desc, col, &isnull);
-	Datum	   *elems;
-	int			nelems;
-	int			i;
+	bool isnull;
+	Datum d = SPI_getbinval(tup, desc, col, &isnull);
+	Datum *elems;
+	int nelems;
+	int i;
 
 	ev->nheaders = 0;
 	if (isnull)
@@ -270,13 +270,13 @@ bool
 obx_outbox_claim(ObxBatch *batch, int worker)
 {
 	MemoryContext caller = begin_step("obx: claiming events");
-	Datum		lock_args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
-	Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
-	Datum		args[5];
-	int			rc;
-	uint64		i;
-	int64		lease_id;
-	bool		isnull;
+	Datum lock_args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
+						  Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
+	Datum args[5];
+	int rc;
+	uint64 i;
+	int64 lease_id;
+	bool isnull;
 
 	prepare_plans();
 
@@ -303,15 +303,14 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	batch->lease_id = lease_id;
 	batch->nevents = (int) SPI_processed;
 	batch->in_flight = 0;
-	batch->events = batch->nevents > 0 ?
-		palloc0(sizeof(ObxEvent) * batch->nevents) : NULL;
+	batch->events = batch->nevents > 0 ? palloc0(sizeof(ObxEvent) * batch->nevents) : NULL;
 
 	for (i = 0; i < SPI_processed; i++)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		ObxEvent   *ev = &batch->events[i];
-		pg_uuid_t  *uuid;
+		HeapTuple tup = SPI_tuptable->vals[i];
+		TupleDesc desc = SPI_tuptable->tupdesc;
+		ObxEvent *ev = &batch->events[i];
+		pg_uuid_t *uuid;
 
 		uuid = DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull));
 		memcpy(&ev->id, uuid, sizeof(pg_uuid_t));
@@ -335,8 +334,8 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 static Datum
 uuid_array(ObxEvent **events, int n)
 {
-	Datum	   *elems = palloc(sizeof(Datum) * n);
-	int			i;
+	Datum *elems = palloc(sizeof(Datum) * n);
+	int i;
 
 	for (i = 0; i < n; i++)
 		elems[i] = UUIDPGetDatum(&events[i]->id);
@@ -347,11 +346,11 @@ uuid_array(ObxEvent **events, int n)
 static void
 record_delivered(ObxEvent **events, int n)
 {
-	Datum	   *parts = palloc(sizeof(Datum) * n);
-	Datum	   *offsets = palloc(sizeof(Datum) * n);
-	Datum		args[3];
-	int			i;
-	int			rc;
+	Datum *parts = palloc(sizeof(Datum) * n);
+	Datum *offsets = palloc(sizeof(Datum) * n);
+	Datum args[3];
+	int i;
+	int rc;
 
 	for (i = 0; i < n; i++)
 	{
@@ -374,16 +373,16 @@ record_delivered(ObxEvent **events, int n)
 static void
 record_failed(ObxBatch *batch, ObxEvent **events, int n)
 {
-	Datum	   *classes = palloc(sizeof(Datum) * n);
-	Datum	   *messages = palloc(sizeof(Datum) * n);
-	Datum		args[7];
-	int			i;
-	int			rc;
-	uint64		j;
+	Datum *classes = palloc(sizeof(Datum) * n);
+	Datum *messages = palloc(sizeof(Datum) * n);
+	Datum args[7];
+	int i;
+	int rc;
+	uint64 j;
 
 	for (i = 0; i < n; i++)
 	{
-		ObxEvent   *ev = events[i];
+		ObxEvent *ev = events[i];
 
 		classes[i] = CStringGetTextDatum(obx_error_class_name(ev->error_class));
 		messages[i] = CStringGetTextDatum(psprintf("%s: %s",
@@ -412,9 +411,9 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 
 	for (j = 0; j < SPI_processed; j++)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[j];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
+		HeapTuple tup = SPI_tuptable->vals[j];
+		TupleDesc desc = SPI_tuptable->tupdesc;
+		bool isnull;
 
 		if (DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
 			ereport(WARNING,
@@ -429,8 +428,8 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 static void
 record_released(ObxBatch *batch, ObxEvent **events, int n)
 {
-	Datum		args[2];
-	int			rc;
+	Datum args[2];
+	int rc;
 
 	args[0] = uuid_array(events, n);
 	args[1] = Int64GetDatum(batch->lease_id);
@@ -452,13 +451,13 @@ void
 obx_outbox_record(ObxBatch *batch)
 {
 	MemoryContext caller;
-	ObxEvent  **delivered;
-	ObxEvent  **failed;
-	ObxEvent  **released;
-	int			ndelivered = 0;
-	int			nfailed = 0;
-	int			nreleased = 0;
-	int			i;
+	ObxEvent **delivered;
+	ObxEvent **failed;
+	ObxEvent **released;
+	int ndelivered = 0;
+	int nfailed = 0;
+	int nreleased = 0;
+	int i;
 
 	if (batch->nevents == 0)
 		return;
@@ -468,7 +467,7 @@ obx_outbox_record(ObxBatch *batch)
 	released = palloc(sizeof(ObxEvent *) * batch->nevents);
 	for (i = 0; i < batch->nevents; i++)
 	{
-		ObxEvent   *ev = &batch->events[i];
+		ObxEvent *ev = &batch->events[i];
 
 		switch (ev->outcome)
 		{
@@ -506,11 +505,11 @@ int
 obx_outbox_renew(ObxBatch *batch)
 {
 	MemoryContext caller = begin_step("obx: renewing lease");
-	ObxEvent  **events = palloc(sizeof(ObxEvent *) * batch->nevents);
-	Datum		args[3];
-	int			rc;
-	int			held;
-	int			i;
+	ObxEvent **events = palloc(sizeof(ObxEvent *) * batch->nevents);
+	Datum args[3];
+	int rc;
+	int held;
+	int i;
 
 	for (i = 0; i < batch->nevents; i++)
 		events[i] = &batch->events[i];
@@ -536,10 +535,10 @@ int64
 obx_outbox_purge(void)
 {
 	MemoryContext caller;
-	int64		purged = 0;
-	int			rc;
-	Oid			types[2] = {FLOAT8OID, INT4OID};
-	Datum		args[2];
+	int64 purged = 0;
+	int rc;
+	Oid types[2] = {FLOAT8OID, INT4OID};
+	Datum args[2];
 
 	if (obx_retention_s == 0 && obx_processed_retention_s == 0)
 		return 0;
@@ -550,11 +549,11 @@ obx_outbox_purge(void)
 	{
 		args[0] = Float8GetDatum((double) obx_retention_s);
 		rc = SPI_execute_with_args(
-								   "DELETE FROM obx.outbox_events WHERE id IN ("
-								   " SELECT id FROM obx.outbox_events"
-								   "  WHERE published_at < now() - make_interval(secs => $1)"
-								   "  ORDER BY published_at LIMIT $2)",
-								   2, types, args, NULL, false, 0);
+			"DELETE FROM obx.outbox_events WHERE id IN ("
+			" SELECT id FROM obx.outbox_events"
+			"  WHERE published_at < now() - make_interval(secs => $1)"
+			"  ORDER BY published_at LIMIT $2)",
+			2, types, args, NULL, false, 0);
 		if (rc != SPI_OK_DELETE)
 			elog(ERROR, "obx purge failed: %s", SPI_result_code_string(rc));
 		purged += SPI_processed;
@@ -563,11 +562,11 @@ obx_outbox_purge(void)
 	{
 		args[0] = Float8GetDatum((double) obx_processed_retention_s);
 		rc = SPI_execute_with_args(
-								   "DELETE FROM obx.processed_events WHERE ctid IN ("
-								   " SELECT ctid FROM obx.processed_events"
-								   "  WHERE processed_at < now() - make_interval(secs => $1)"
-								   "  ORDER BY processed_at LIMIT $2)",
-								   2, types, args, NULL, false, 0);
+			"DELETE FROM obx.processed_events WHERE ctid IN ("
+			" SELECT ctid FROM obx.processed_events"
+			"  WHERE processed_at < now() - make_interval(secs => $1)"
+			"  ORDER BY processed_at LIMIT $2)",
+			2, types, args, NULL, false, 0);
 		if (rc != SPI_OK_DELETE)
 			elog(ERROR, "obx dedupe purge failed: %s", SPI_result_code_string(rc));
 		purged += SPI_processed;

@@ -33,7 +33,7 @@
 #define OBX_PURGE_INTERVAL_MS 10000
 #define OBX_PRODUCER_RETRY_MS 5000
 
-static int	my_worker = -1;
+static int my_worker = -1;
 static ObxProducer *producer = NULL;
 static bool rebuild_producer = false;
 static bool last_batch_failed = false;
@@ -79,7 +79,7 @@ kafka_settings(void)
 static void
 process_reload(void)
 {
-	char	   *before;
+	char *before;
 
 	if (!ConfigReloadPending)
 		return;
@@ -102,8 +102,8 @@ process_reload(void)
 static void
 wait_for_work(long timeout_ms)
 {
-	int			events = WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH;
-	pgsocket	fd = PGINVALID_SOCKET;
+	int events = WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH;
+	pgsocket fd = PGINVALID_SOCKET;
 
 	if (producer != NULL)
 	{
@@ -121,8 +121,8 @@ wait_for_work(long timeout_ms)
 static long
 ms_until(TimestampTz t)
 {
-	long		secs;
-	int			usecs;
+	long secs;
+	int usecs;
 
 	TimestampDifference(GetCurrentTimestamp(), t, &secs, &usecs);
 	return secs * 1000 + usecs / 1000;
@@ -145,11 +145,11 @@ publish_batch(ObxBatch *batch)
 {
 	TimestampTz renew_at;
 	TimestampTz give_up_at = 0;
-	long		renew_every_ms = obx_lease_timeout_s * 1000L / 3;
-	int			delivered = 0;
-	int			failed = 0;
+	long renew_every_ms = obx_lease_timeout_s * 1000L / 3;
+	int delivered = 0;
+	int failed = 0;
 	const char *last_error = NULL;
-	int			i;
+	int i;
 
 	obx_status_set_state(my_worker, OBX_STATE_PRODUCING);
 	obx_kafka_produce(producer, batch);
@@ -157,14 +157,13 @@ publish_batch(ObxBatch *batch)
 
 	while (batch->in_flight > 0)
 	{
-		long		timeout = Max(1, Min(ms_until(renew_at), 1000));
+		long timeout = Max(1, Min(ms_until(renew_at), 1000));
 
 		if (give_up_at != 0)
 			timeout = Max(1, Min(timeout, ms_until(give_up_at)));
 		wait_for_work(timeout);
 
-		obx_status_set_state(my_worker, obx_kafka_brokers_down(producer) ?
-							 OBX_STATE_BROKER_DOWN : OBX_STATE_PRODUCING);
+		obx_status_set_state(my_worker, obx_kafka_brokers_down(producer) ? OBX_STATE_BROKER_DOWN : OBX_STATE_PRODUCING);
 
 		/* New Kafka settings: give these events to the new producer. */
 		if (rebuild_producer)
@@ -181,7 +180,7 @@ publish_batch(ObxBatch *batch)
 
 		if (batch->in_flight > 0 && GetCurrentTimestamp() >= renew_at)
 		{
-			int			held = obx_outbox_renew(batch);
+			int held = obx_outbox_renew(batch);
 
 			if (held < batch->nevents)
 			{
@@ -210,7 +209,7 @@ publish_batch(ObxBatch *batch)
 
 	for (i = 0; i < batch->nevents; i++)
 	{
-		ObxEvent   *ev = &batch->events[i];
+		ObxEvent *ev = &batch->events[i];
 
 		if (ev->outcome == OBX_OUTCOME_DELIVERED)
 			delivered++;
@@ -244,8 +243,8 @@ void
 obx_relay_main(Datum main_arg)
 {
 	MemoryContext loop_cxt;
-	bool		ready = false;
-	bool		said_waiting = false;
+	bool ready = false;
+	bool said_waiting = false;
 	TimestampTz next_purge = 0;
 	TimestampTz next_producer_try = 0;
 
@@ -268,7 +267,7 @@ obx_relay_main(Datum main_arg)
 
 	while (!ShutdownRequestPending)
 	{
-		ObxBatch	batch;
+		ObxBatch batch;
 
 		MemoryContextSwitchTo(loop_cxt);
 		MemoryContextReset(loop_cxt);
@@ -299,7 +298,7 @@ obx_relay_main(Datum main_arg)
 
 		if (producer == NULL)
 		{
-			char		errbuf[512];
+			char errbuf[512];
 
 			if (GetCurrentTimestamp() < next_producer_try)
 			{
@@ -325,7 +324,7 @@ obx_relay_main(Datum main_arg)
 
 		if (my_worker == 0 && GetCurrentTimestamp() >= next_purge)
 		{
-			int64		purged = obx_outbox_purge();
+			int64 purged = obx_outbox_purge();
 
 			next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													 purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);
@@ -338,9 +337,8 @@ obx_relay_main(Datum main_arg)
 		}
 
 		obx_status_set_state(my_worker,
-							 obx_kafka_brokers_down(producer) ? OBX_STATE_BROKER_DOWN :
-							 last_batch_failed ? OBX_STATE_BACKING_OFF :
-							 OBX_STATE_IDLE);
+							 obx_kafka_brokers_down(producer) ? OBX_STATE_BROKER_DOWN : last_batch_failed ? OBX_STATE_BACKING_OFF
+																										  : OBX_STATE_IDLE);
 		if (rebuild_producer)
 		{
 			obx_kafka_destroy(producer, 0);

@@ -85,7 +85,7 @@ Datum
 obx_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	int			i;
+	int i;
 
 	InitMaterializedSRF(fcinfo, 0);
 	if (obx_shared == NULL)
@@ -95,8 +95,8 @@ obx_worker_status(PG_FUNCTION_ARGS)
 	{
 		ObxWorkerSlot *slot = &obx_shared->workers[i];
 		ObxWorkerSlot copy;
-		Datum		values[10];
-		bool		nulls[10] = {0};
+		Datum values[10];
+		bool nulls[10] = {0};
 
 		SpinLockAcquire(&slot->mutex);
 		memcpy(&copy, slot, sizeof(copy));
@@ -105,8 +105,7 @@ obx_worker_status(PG_FUNCTION_ARGS)
 		values[0] = Int32GetDatum(i);
 		values[1] = Int32GetDatum(copy.pid);
 		nulls[1] = (copy.pid == 0);
-		values[2] = CStringGetTextDatum(copy.pid == 0 && copy.started_at == 0 ?
-										"not started" : obx_state_name(copy.state));
+		values[2] = CStringGetTextDatum(copy.pid == 0 && copy.started_at == 0 ? "not started" : obx_state_name(copy.state));
 		values[3] = Int64GetDatum(copy.batches);
 		values[4] = Int64GetDatum(copy.published);
 		values[5] = Int64GetDatum(copy.errors);

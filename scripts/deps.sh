@@ -1,0 +1,50 @@
+# deps.sh: sourced by the demo and the test runner.  Installs the Debian
+# packages obx needs to build, run and be tested, if any is missing.
+#
+#   . scripts/deps.sh && obx_install_deps
+
+OBX_PACKAGES="make gcc clang-format postgresql-15 postgresql-server-dev-15 librdkafka-dev
+uuid-dev kcat libipc-run-perl procps"
+
+obx_install_deps()
+{
+	local missing=""
+	local p
+	for p in $OBX_PACKAGES; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
+			missing="$missing $p"
+	done
+	[ -z "$missing" ] && return 0
+	if [ "$(id -u)" != 0 ]; then
+		echo "obx needs these Debian packages:$missing" >&2
+		echo "run as root, or: sudo apt-get install$missing" >&2
+		return 1
+	fi
+	echo "installing:$missing"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+}
+
+# The PostgreSQL 15 server binaries (initdb, pg_ctl) are not on Debian's PATH.
+export PATH="/usr/lib/postgresql/15/bin:$PATH"
+
+# obx_as_postgres CMD...: run a command as the postgres OS user when we are
+# root (initdb and pg_regress refuse to run as root), else as ourselves.
+obx_as_postgres()
+{
+	if [ "$(id -u)" = 0 ]; then
+		runuser -u postgres -- env PATH="$PATH" "$@"
+	else
+		"$@"
+	fi
+}
+
+# obx_workdir NAME: a fresh temporary directory the postgres user can write.
+obx_workdir()
+{
+	local d
+	d=$(mktemp -d "/tmp/obx-$1.XXXXXX")
+	[ "$(id -u)" = 0 ] && chown postgres: "$d"
+	chmod 755 "$d"
+	echo "$d"
+}
