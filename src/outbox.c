@@ -42,6 +42,9 @@
 
 #define OBX_PURGE_BATCH 1000
 
+/* Failed events of one batch logged one by one; the rest are counted. */
+#define OBX_LOGGED_FAILURES 10
+
 static SPIPlanPtr claim_lock_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr delivered_plan = NULL;
@@ -388,15 +391,22 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 		messages[i] = CStringGetTextDatum(psprintf("%s: %s",
 												   obx_kafka_error_name(ev->err),
 												   obx_kafka_error_text(ev->err)));
+		if (i < OBX_LOGGED_FAILURES)
+			ereport(WARNING,
+					(errcode(ERRCODE_CONNECTION_FAILURE),
+					 errmsg("obx could not publish event %s to topic %s",
+							ev->id_text, ev->topic),
+					 errdetail("error class %s, Kafka error %s: %s, attempt %d",
+							   obx_error_class_name(ev->error_class),
+							   obx_kafka_error_name(ev->err),
+							   obx_kafka_error_text(ev->err), ev->attempts)));
+	}
+	if (n > OBX_LOGGED_FAILURES)
 		ereport(WARNING,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("obx could not publish event %s to topic %s",
-						ev->id_text, ev->topic),
-				 errdetail("error class %s, Kafka error %s: %s, attempt %d",
-						   obx_error_class_name(ev->error_class),
-						   obx_kafka_error_name(ev->err),
-						   obx_kafka_error_text(ev->err), ev->attempts)));
-	}
+				 errmsg("obx could not publish %d more events of the same batch",
+						n - OBX_LOGGED_FAILURES),
+				 errdetail("Each one's error is in obx.outbox_events.last_error.")));
 	args[0] = uuid_array(events, n);
 	args[1] = Int64GetDatum(batch->lease_id);
 	args[2] = Int32GetDatum(obx_max_attempts);
