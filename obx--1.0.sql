@@ -79,7 +79,8 @@ CREATE FUNCTION obx.enqueue(
 	event_id uuid DEFAULT NULL)
 RETURNS uuid
 AS 'MODULE_PATHNAME', 'obx_enqueue'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER;
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION obx.enqueue(text, text, jsonb, text, text, jsonb, uuid) IS
 	'Store an event in the outbox inside the current transaction; returns its id';
@@ -103,11 +104,19 @@ AS $$
 DECLARE
 	inserted integer;
 BEGIN
-	IF consumer_name IS NULL OR consumer_name = '' THEN
+	IF consumer_name IS NULL THEN
+		RAISE EXCEPTION 'obx consumer name must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF event_id IS NULL THEN
+		RAISE EXCEPTION 'obx event id must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF consumer_name = '' THEN
 		RAISE EXCEPTION 'obx consumer name must not be empty'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF event_id IS NULL OR event_id = '' THEN
+	IF event_id = '' THEN
 		RAISE EXCEPTION 'obx event id must not be empty'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
@@ -127,7 +136,7 @@ COMMENT ON FUNCTION obx.mark_processed(text, text) IS
  */
 CREATE FUNCTION obx.retry(event_id uuid)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -151,7 +160,7 @@ COMMENT ON FUNCTION obx.retry(uuid) IS
 
 CREATE FUNCTION obx.retry_quarantined(topic text DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -180,7 +189,7 @@ COMMENT ON FUNCTION obx.retry_quarantined(text) IS
  */
 CREATE FUNCTION obx.replay(event_ids uuid[])
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -203,7 +212,7 @@ $$;
 CREATE FUNCTION obx.replay(topic text, since timestamptz,
 						   until timestamptz DEFAULT 'infinity')
 RETURNS bigint
-LANGUAGE sql VOLATILE
+LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 	SELECT obx.replay(coalesce(array_agg(e.id), '{}'))
@@ -232,8 +241,8 @@ SELECT e.topic,
 	   count(*) FILTER (WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
 						AND e.last_error IS NOT NULL) AS failing,
 	   min(e.occurred_at) FILTER (WHERE e.published_at IS NULL) AS oldest_pending_at,
-	   coalesce(now() - min(e.occurred_at) FILTER (WHERE e.published_at IS NULL),
-				'0'::interval) AS oldest_pending_age,
+	   greatest(coalesce(now() - min(e.occurred_at) FILTER (WHERE e.published_at IS NULL),
+						 '0'::interval), '0'::interval) AS oldest_pending_age,
 	   max(e.published_at) AS last_published_at,
 	   (array_agg(e.last_error ORDER BY e.last_error_at DESC)
 		  FILTER (WHERE e.last_error IS NOT NULL))[1] AS last_error,
@@ -277,8 +286,18 @@ COMMENT ON VIEW obx.workers IS
  * Privileges: nothing is granted to PUBLIC.  An application role gets
  * USAGE on the schema and EXECUTE on obx.enqueue (which runs as the
  * extension owner and can only insert validated events); a consumer role
- * gets EXECUTE on obx.mark_processed; monitoring gets SELECT on the views.
+ * gets EXECUTE on obx.mark_processed; an operator gets EXECUTE on retry,
+ * retry_quarantined and replay (which run as the extension owner too);
+ * monitoring gets SELECT on the views.
  */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA obx FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA obx FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA obx FROM PUBLIC;
+
+/*
+ * A function called by a view is checked against the user querying the
+ * view, so whoever may read obx.workers must be able to execute
+ * obx.worker_status.  It shows relay state only, and USAGE on schema obx
+ * still gates it.
+ */
+GRANT EXECUTE ON FUNCTION obx.worker_status() TO PUBLIC;

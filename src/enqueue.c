@@ -247,9 +247,10 @@ prepare_plans(void)
 	if (existing_plan == NULL)
 	{
 		existing_plan = SPI_prepare(
-			"SELECT topic, event_key, payload::text, "
-			"coalesce(event_type, ''), coalesce(headers::text, '') "
-			"FROM obx.outbox_events WHERE id = $1",
+			"SELECT topic, event_key, payload::pg_catalog.text, "
+			"coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
+			"aggregate_id "
+			"FROM obx.outbox_events WHERE id OPERATOR(pg_catalog.=) $1",
 			1, existing_types);
 		if (existing_plan == NULL)
 			elog(ERROR, "SPI_prepare failed for obx enqueue: %s",
@@ -271,7 +272,7 @@ same_text(HeapTuple tup, TupleDesc desc, int col, const char *expected)
  * same (a retried business action), an error when it differs.
  */
 static void
-check_existing(Datum id, const char *topic, const char *key,
+check_existing(Datum id, const char *topic, const char *key, const char *aggregate_id,
 			   Jsonb *payload, const char *event_type, Jsonb *headers)
 {
 	Datum values[1] = {id};
@@ -299,12 +300,13 @@ check_existing(Datum id, const char *topic, const char *key,
 		!same_text(tup, desc, 2, key) ||
 		!same_text(tup, desc, 3, payload_text) ||
 		!same_text(tup, desc, 4, event_type ? event_type : "") ||
-		!same_text(tup, desc, 5, headers_text))
+		!same_text(tup, desc, 5, headers_text) ||
+		!same_text(tup, desc, 6, aggregate_id))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("obx event id %s already exists with different content",
 						DatumGetCString(DirectFunctionCall1(uuid_out, id))),
-				 errdetail("Enqueueing an existing event id is a no-op only when topic, key, payload, event type and headers are the same."),
+				 errdetail("Enqueueing an existing event id is a no-op only when topic, key, payload, aggregate id, event type and headers are the same."),
 				 errhint("Give a new event its own id, or omit the id to have one generated.")));
 }
 
@@ -393,8 +395,17 @@ obx_enqueue(PG_FUNCTION_ARGS)
 	}
 	if (!PG_ARGISNULL(5))
 	{
+		char *headers_text;
+
 		headers = PG_GETARG_JSONB_P(5);
 		check_headers(headers);
+		headers_text = JsonbToCString(NULL, &headers->root, VARSIZE(headers));
+		if (payload_len + strlen(headers_text) > (size_t) obx_max_payload_size)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("obx event headers are too large"),
+					 errdetail("The headers have %zu bytes of JSON and the payload %zu; together they may have at most obx.max_payload_size = %d.",
+							   strlen(headers_text), payload_len, obx_max_payload_size)));
 	}
 
 	if (PG_ARGISNULL(6))
@@ -432,7 +443,8 @@ obx_enqueue(PG_FUNCTION_ARGS)
 		elog(ERROR, "obx enqueue insert failed: %s", SPI_result_code_string(rc));
 	inserted = (SPI_processed == 1);
 	if (!inserted)
-		check_existing(values[0], topic, key, payload, event_type, headers);
+		check_existing(values[0], topic, key, aggregate_id ? aggregate_id : key,
+					   payload, event_type, headers);
 	SPI_finish();
 
 	if (inserted)

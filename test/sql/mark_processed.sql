@@ -1,0 +1,70 @@
+--
+-- obx.mark_processed(consumer, event_id): the consumer's inbox.  True the
+-- first time a consumer records an event, false for a duplicate, inside
+-- the consumer's own transaction.
+--
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS obx;
+RESET client_min_messages;
+TRUNCATE obx.outbox_events, obx.processed_events;
+
+-- First time true, then false for the same consumer and event.
+SELECT obx.mark_processed('inventory-reservation', 'evt_01JQ8X8F') AS first;
+SELECT obx.mark_processed('inventory-reservation', 'evt_01JQ8X8F') AS duplicate;
+SELECT obx.mark_processed('inventory-reservation', 'evt_01JQ8X8F') AS duplicate_again;
+
+-- Another consumer has its own history; another event is new.
+SELECT obx.mark_processed('billing', 'evt_01JQ8X8F') AS other_consumer;
+SELECT obx.mark_processed('inventory-reservation', 'evt_01JQ8X8G') AS other_event;
+-- Event ids are text: ids of obx events (uuids) and foreign ids alike,
+-- compared exactly.
+SELECT obx.mark_processed('billing', '0190f5c2-5c1a-7d3e-8a4b-123456789abc') AS uuid_id;
+SELECT obx.mark_processed('billing', '0190F5C2-5C1A-7D3E-8A4B-123456789ABC') AS upper_case_is_another_id;
+SELECT obx.mark_processed('Billing', 'evt_01JQ8X8F') AS consumer_names_are_case_sensitive;
+
+SELECT consumer_name, event_id, processed_at IS NOT NULL AS has_processed_at
+  FROM obx.processed_events ORDER BY consumer_name COLLATE "C", event_id COLLATE "C";
+
+-- Inside a transaction: the effect and the mark commit or roll back together.
+BEGIN;
+SELECT obx.mark_processed('inventory-reservation', 'evt_rolled_back') AS first_in_tx;
+SELECT obx.mark_processed('inventory-reservation', 'evt_rolled_back') AS duplicate_in_tx;
+ROLLBACK;
+-- The rolled-back mark is gone: the redelivered event is processed again.
+SELECT obx.mark_processed('inventory-reservation', 'evt_rolled_back') AS after_rollback;
+SELECT obx.mark_processed('inventory-reservation', 'evt_rolled_back') AS duplicate_after_commit;
+
+-- The same with a savepoint.
+BEGIN;
+SAVEPOINT s;
+SELECT obx.mark_processed('inventory-reservation', 'evt_savepoint') AS first_in_savepoint;
+ROLLBACK TO SAVEPOINT s;
+SELECT obx.mark_processed('inventory-reservation', 'evt_savepoint') AS again_after_rollback_to;
+COMMIT;
+SELECT obx.mark_processed('inventory-reservation', 'evt_savepoint') AS duplicate_after_commit;
+
+-- Empty or NULL inputs are errors.
+SELECT obx.mark_processed('', 'evt_1');
+\echo :SQLSTATE
+SELECT obx.mark_processed(NULL, 'evt_1');
+\echo :SQLSTATE
+SELECT obx.mark_processed('billing', '');
+\echo :SQLSTATE
+SELECT obx.mark_processed('billing', NULL);
+\echo :SQLSTATE
+SELECT obx.mark_processed(NULL, NULL);
+\echo :SQLSTATE
+
+-- An error in a consumer's transaction aborts it, mark included.
+BEGIN;
+SELECT obx.mark_processed('billing', 'evt_failed_tx') AS first;
+SELECT obx.mark_processed('billing', '');
+\echo :SQLSTATE
+COMMIT;
+SELECT count(*) AS marks_of_failed_tx FROM obx.processed_events
+ WHERE event_id = 'evt_failed_tx';
+
+SELECT consumer_name, count(*) AS events
+  FROM obx.processed_events GROUP BY consumer_name ORDER BY consumer_name COLLATE "C";
