@@ -36,6 +36,21 @@ CREATE TABLE obx.outbox_events (
 	kafka_offset		bigint
 );
 
+/*
+ * Every event is inserted, leased (an update of columns no index covers, so
+ * it can be a HOT update when the page has room), marked published, and
+ * purged after obx.retention.  Free space per page for the lease update and
+ * a vacuum that keeps up with a queue-like table keep it from bloating.
+ */
+ALTER TABLE obx.outbox_events SET (
+	fillfactor = 80,
+	autovacuum_vacuum_scale_factor = 0.01,
+	autovacuum_vacuum_threshold = 1000,
+	autovacuum_vacuum_insert_scale_factor = 0.01,
+	autovacuum_analyze_scale_factor = 0.02,
+	autovacuum_vacuum_cost_delay = 0
+);
+
 COMMENT ON TABLE obx.outbox_events IS
 	'Events waiting for Kafka (published_at IS NULL) and, for obx.retention, the published ones';
 COMMENT ON COLUMN obx.outbox_events.seq IS

@@ -20,6 +20,10 @@
  * after the last one seen") is kept, so an event whose transaction commits
  * late is found by the next claim like any other.
  *
+ * The OFFSET 0 in the claim keeps the per-key check a correlated probe of
+ * outbox_events_key_idx for each candidate; unfenced, the planner turns it
+ * into an anti-join that scans every unpublished row on every claim.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -66,7 +70,8 @@ static const char *claim_sql =
 	"          AND b.seq < e.seq AND b.published_at IS NULL"
 	"          AND (b.lease_until >= now()"
 	"               OR b.next_attempt_at > now()"
-	"               OR (b.quarantined_at IS NOT NULL AND $3)))"
+	"               OR (b.quarantined_at IS NOT NULL AND $3))"
+	"        OFFSET 0)"
 	"   ORDER BY e.seq"
 	"   LIMIT $4"
 	"), claimed AS ("
