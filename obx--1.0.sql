@@ -24,6 +24,7 @@ CREATE TABLE obx.outbox_events (
 	occurred_at			timestamptz NOT NULL DEFAULT clock_timestamp(),
 	published_at		timestamptz,
 	attempts			integer		NOT NULL DEFAULT 0,
+	failures			integer		NOT NULL DEFAULT 0,
 	next_attempt_at		timestamptz NOT NULL DEFAULT '-infinity',
 	lease_id			bigint,
 	lease_owner			integer,
@@ -55,6 +56,10 @@ COMMENT ON TABLE obx.outbox_events IS
 	'Events waiting for Kafka (published_at IS NULL) and, for obx.retention, the published ones';
 COMMENT ON COLUMN obx.outbox_events.seq IS
 	'Enqueue order; events of one topic and key are published in this order';
+COMMENT ON COLUMN obx.outbox_events.attempts IS
+	'Times the relay claimed the event to publish it';
+COMMENT ON COLUMN obx.outbox_events.failures IS
+	'Failed attempts that count toward obx.max_attempts (not transient ones)';
 
 /* What the relay scans: unpublished events in enqueue order. */
 CREATE INDEX outbox_events_pending_idx
@@ -158,7 +163,7 @@ DECLARE
 	n integer;
 BEGIN
 	UPDATE obx.outbox_events e
-	   SET quarantined_at = NULL, attempts = 0, next_attempt_at = '-infinity'
+	   SET quarantined_at = NULL, attempts = 0, failures = 0, next_attempt_at = '-infinity'
 	 WHERE e.id = retry.event_id
 	   AND e.published_at IS NULL
 	   AND (e.quarantined_at IS NOT NULL OR e.next_attempt_at > now());
@@ -182,7 +187,7 @@ DECLARE
 	n bigint;
 BEGIN
 	UPDATE obx.outbox_events e
-	   SET quarantined_at = NULL, attempts = 0, next_attempt_at = '-infinity'
+	   SET quarantined_at = NULL, attempts = 0, failures = 0, next_attempt_at = '-infinity'
 	 WHERE e.published_at IS NULL
 	   AND e.quarantined_at IS NOT NULL
 	   AND (retry_quarantined.topic IS NULL OR e.topic = retry_quarantined.topic);
@@ -196,6 +201,56 @@ $$;
 
 COMMENT ON FUNCTION obx.retry_quarantined(text) IS
 	'Retry every quarantined event, or those of one topic; returns how many';
+
+/*
+ * skip: give up on a quarantined event for good.  It leaves the outbox for
+ * obx.skipped_events, with the reason and who skipped it, so its key moves
+ * on and the decision stays on record.
+ */
+CREATE TABLE obx.skipped_events (
+	LIKE obx.outbox_events,
+	skipped_at			timestamptz NOT NULL DEFAULT now(),
+	skipped_by			name		NOT NULL DEFAULT current_user,
+	skip_reason			text		NOT NULL
+);
+
+COMMENT ON TABLE obx.skipped_events IS
+	'Quarantined events an operator decided never to publish (obx.skip)';
+
+SELECT pg_catalog.pg_extension_config_dump('obx.skipped_events', '');
+
+CREATE FUNCTION obx.skip(event_id uuid, reason text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n integer;
+BEGIN
+	IF reason IS NULL OR reason = '' THEN
+		RAISE EXCEPTION 'obx skip needs a reason'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Say why the event will never be published; it is kept in obx.skipped_events.';
+	END IF;
+	WITH gone AS (
+		DELETE FROM obx.outbox_events e
+		 WHERE e.id = skip.event_id
+		   AND e.published_at IS NULL
+		   AND e.quarantined_at IS NOT NULL
+		RETURNING e.*
+	)
+	INSERT INTO obx.skipped_events
+	SELECT gone.*, now(), session_user, skip.reason FROM gone;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	IF n > 0 THEN
+		PERFORM obx._wake_at_commit();
+	END IF;
+	RETURN n > 0;
+END
+$$;
+
+COMMENT ON FUNCTION obx.skip(uuid, text) IS
+	'Give up on a quarantined event: move it to obx.skipped_events so its key moves on';
 
 /*
  * replay: publish already-published events again, with the same ids.

@@ -186,6 +186,8 @@ wake_callback(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			/* COMMIT PREPARED wakes nobody: the poll finds those events. */
 			wake_at_commit = false;
 			break;
 		default:
@@ -290,7 +292,7 @@ check_existing(Datum id, const char *topic, const char *key, const char *aggrega
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("obx event id %s is already in use",
 						DatumGetCString(DirectFunctionCall1(uuid_out, id))),
-				 errdetail("Another transaction holds it and has not committed.")));
+				 errdetail("The event with this id is not visible to this transaction's snapshot.")));
 
 	tup = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;

@@ -29,6 +29,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 #include "obx.h"
 
@@ -37,10 +38,18 @@ struct ObxProducer
 	rd_kafka_t *rk;
 	rd_kafka_queue_t *mainq;
 	int pipefd[2];
-	ObxBatch *batch;   /* batch whose reports we expect, or NULL */
-	bool fatal;        /* idempotence broke: rebuild the producer */
-	bool brokers_down; /* librdkafka reported all brokers down */
+	ObxBatch *batch;               /* batch whose reports we expect, or NULL */
+	bool fatal;                    /* idempotence broke: rebuild the producer */
+	TimestampTz broker_trouble_at; /* last connection error, or 0 */
+	TimestampTz delivered_at;      /* last successful delivery, or 0 */
 };
+
+/*
+ * A connection error within this window, with no delivery since, means the
+ * brokers are down.  librdkafka retries connections at least every
+ * reconnect.backoff.max.ms (10 s by default) and reports each failure.
+ */
+#define OBX_BROKER_TROUBLE_WINDOW_MS 30000
 
 static void
 dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
@@ -67,7 +76,7 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		ev->outcome = OBX_OUTCOME_DELIVERED;
 		ev->partition = msg->partition;
 		ev->offset = msg->offset;
-		producer->brokers_down = false;
+		producer->delivered_at = GetCurrentTimestamp();
 	}
 	else
 	{
@@ -92,8 +101,10 @@ error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
 	ObxProducer *producer = (ObxProducer *) opaque;
 
-	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
-		producer->brokers_down = true;
+	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
+		err == RD_KAFKA_RESP_ERR__TRANSPORT ||
+		err == RD_KAFKA_RESP_ERR__RESOLVE)
+		producer->broker_trouble_at = GetCurrentTimestamp();
 	if (err == RD_KAFKA_RESP_ERR__FATAL)
 	{
 		char fatal[256];
@@ -127,7 +138,8 @@ set_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 
 /*
  * Apply obx.kafka_properties: "name=value" pairs separated by semicolons.
- * Values are not echoed in errors (they may be secrets).
+ * Errors name the entry and the property but never echo a value, since
+ * values may be secrets and errors reach the log and obx.workers.
  */
 static bool
 set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
@@ -135,6 +147,7 @@ set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 	char *copy = pstrdup(obx_kafka_properties ? obx_kafka_properties : "");
 	char *save = NULL;
 	char *item;
+	int entry = 0;
 
 	for (item = strtok_r(copy, ";", &save); item; item = strtok_r(NULL, ";", &save))
 	{
@@ -142,7 +155,9 @@ set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 		char *name;
 		char *value;
 		char err[256];
+		rd_kafka_conf_res_t res;
 
+		entry++;
 		while (*item == ' ' || *item == '\t' || *item == '\n')
 			item++;
 		if (*item == '\0')
@@ -151,7 +166,7 @@ set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 		if (eq == NULL)
 		{
 			snprintf(errbuf, errlen,
-					 "obx.kafka_properties entry \"%s\" is not name=value", item);
+					 "obx.kafka_properties entry %d is not name=value", entry);
 			return false;
 		}
 		*eq = '\0';
@@ -161,9 +176,19 @@ set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 			*--eq = '\0';
 		while (*value == ' ' || *value == '\t')
 			value++;
-		if (rd_kafka_conf_set(conf, name, value, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+		res = rd_kafka_conf_set(conf, name, value, err, sizeof(err));
+		if (res == RD_KAFKA_CONF_UNKNOWN)
 		{
-			snprintf(errbuf, errlen, "obx.kafka_properties \"%s\": %s", name, err);
+			snprintf(errbuf, errlen,
+					 "obx.kafka_properties entry %d: librdkafka has no property \"%s\"",
+					 entry, name);
+			return false;
+		}
+		if (res != RD_KAFKA_CONF_OK)
+		{
+			snprintf(errbuf, errlen,
+					 "obx.kafka_properties entry %d: invalid value for \"%s\"",
+					 entry, name);
 			return false;
 		}
 	}
@@ -204,9 +229,14 @@ obx_kafka_create(char *errbuf, size_t errlen)
 		pfree(producer);
 		return NULL;
 	}
-	/* Settings obx depends on for its guarantees win over user settings. */
+	/*
+	 * Settings obx depends on win over user settings: its guarantees need
+	 * idempotence and acks=all, and log.queue keeps librdkafka's threads
+	 * from ever calling into PostgreSQL's logging.
+	 */
 	if (!set_property(conf, "enable.idempotence", "true", errbuf, errlen) ||
-		!set_property(conf, "acks", "all", errbuf, errlen))
+		!set_property(conf, "acks", "all", errbuf, errlen) ||
+		!set_property(conf, "log.queue", "true", errbuf, errlen))
 	{
 		rd_kafka_conf_destroy(conf);
 		pfree(producer);
@@ -247,8 +277,9 @@ obx_kafka_create(char *errbuf, size_t errlen)
  * obx_kafka_destroy
  *		Flush for up to flush_ms, purge what is left, and free everything.
  *
- * Reports of purged events still land in the attached batch (as transient
- * failures) before it is detached.
+ * Reports of purged events still land in the attached batch (as unsent:
+ * the events are released and re-sent, their attempt given back) before it
+ * is detached.
  */
 void
 obx_kafka_destroy(ObxProducer *producer, int flush_ms)
@@ -421,10 +452,18 @@ obx_kafka_broken(ObxProducer *producer)
 	return producer->fatal;
 }
 
+/*
+ * obx_kafka_brokers_down
+ *		Whether librdkafka reported connection trouble recently and nothing
+ *		was delivered since.
+ */
 bool
 obx_kafka_brokers_down(ObxProducer *producer)
 {
-	return producer->brokers_down;
+	return producer->broker_trouble_at > producer->delivered_at &&
+		   !TimestampDifferenceExceeds(producer->broker_trouble_at,
+									   GetCurrentTimestamp(),
+									   OBX_BROKER_TROUBLE_WINDOW_MS);
 }
 
 /*

@@ -41,7 +41,7 @@ int obx_backoff_max_ms = 60000;
 int obx_delivery_timeout_ms = 30000;
 int obx_retention_s = 7 * 24 * 3600;
 int obx_processed_retention_s = 0;
-int obx_max_payload_size = 1000000;
+int obx_max_payload_size = 900000;
 bool obx_quarantine_blocks_key = true;
 int obx_shutdown_timeout_ms = 5000;
 
@@ -202,10 +202,12 @@ define_gucs(void)
 
 	DefineCustomIntVariable("obx.max_payload_size",
 							"Largest payload obx.enqueue accepts, in bytes of "
-							"JSON text.",
-							NULL,
+							"JSON text (payload and headers together).",
+							"The default leaves room under librdkafka's "
+							"message.max.bytes (1000000) for key, headers and "
+							"record overhead.",
 							&obx_max_payload_size,
-							1000000, 1, 100000000,
+							900000, 1, 100000000,
 							PGC_SUSET, GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 

@@ -158,6 +158,7 @@ extern bool obx_outbox_ready(void);
 extern bool obx_outbox_claim(ObxBatch *batch, int worker);
 extern void obx_outbox_record(ObxBatch *batch);
 extern int obx_outbox_renew(ObxBatch *batch);
+extern int64 obx_outbox_release_orphans(int worker);
 extern int64 obx_outbox_purge(void);
 
 /* kafka.c: no transaction or SPI calls in it */

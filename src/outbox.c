@@ -90,28 +90,40 @@ static const char *claim_sql =
 static const char *delivered_sql =
 	"UPDATE obx.outbox_events e"
 	"   SET published_at = now(), kafka_partition = d.p, kafka_offset = d.o,"
-	"       lease_id = NULL, lease_owner = NULL, lease_until = NULL"
+	"       lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
+	"       quarantined_at = NULL"
 	"  FROM unnest($1::uuid[], $2::int4[], $3::int8[]) AS d(id, p, o)"
 	" WHERE e.id = d.id AND e.published_at IS NULL";
 
 /*
  * A failed event backs off exponentially from obx.backoff_min to
  * obx.backoff_max.  It is quarantined when its error is permanent, or
- * unclassified and it has used up obx.max_attempts.  Transient errors never
- * quarantine.  Only rows still under this batch's lease are touched, so a
- * worker whose lease expired cannot undo a newer claim.
+ * unclassified and it has failed that way obx.max_attempts times (failures
+ * counts only those: transient errors never quarantine, however long an
+ * outage lasts).  A quarantined event has no backoff, so with
+ * obx.quarantine_blocks_key off its key moves on at once.  Only rows still
+ * under this batch's lease are touched, so a worker whose lease expired
+ * cannot undo a newer claim.
  */
 static const char *failed_sql =
+	"WITH f AS ("
+	"  SELECT d.id, d.cls, d.msg, e.failures + (d.cls <> 'transient')::int AS failures,"
+	"         (d.cls = 'permanent'"
+	"          OR (d.cls = 'other' AND e.failures + 1 >= $3)) AS quarantine"
+	"    FROM unnest($1::uuid[], $6::text[], $7::text[]) AS d(id, cls, msg)"
+	"    JOIN obx.outbox_events e ON e.id = d.id"
+	")"
 	"UPDATE obx.outbox_events e"
-	"   SET last_error = d.msg, last_error_class = d.cls, last_error_at = now(),"
+	"   SET last_error = f.msg, last_error_class = f.cls, last_error_at = now(),"
+	"       failures = f.failures,"
 	"       lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
-	"       quarantined_at = CASE WHEN d.cls = 'permanent'"
-	"                              OR (d.cls = 'other' AND e.attempts >= $3)"
-	"                             THEN now() END,"
-	"       next_attempt_at = now() + make_interval(secs =>"
-	"           least($5::float8, $4::float8 * power(2, least(e.attempts, 40) - 1)) / 1000)"
-	"  FROM unnest($1::uuid[], $6::text[], $7::text[]) AS d(id, cls, msg)"
-	" WHERE e.id = d.id AND e.lease_id = $2 AND e.published_at IS NULL"
+	"       quarantined_at = CASE WHEN f.quarantine THEN now() END,"
+	"       next_attempt_at = CASE WHEN f.quarantine THEN '-infinity'"
+	"           ELSE now() + make_interval(secs =>"
+	"               least($5::float8, $4::float8 * power(2, least(e.attempts, 40) - 1)) / 1000)"
+	"           END"
+	"  FROM f"
+	" WHERE e.id = f.id AND e.lease_id = $2 AND e.published_at IS NULL"
 	" RETURNING e.id::text, e.topic, e.quarantined_at IS NOT NULL";
 
 static const char *release_sql =
@@ -508,6 +520,37 @@ obx_outbox_record(ObxBatch *batch)
 	if (nreleased > 0)
 		record_released(batch, released, nreleased);
 	end_step(caller);
+}
+
+/*
+ * obx_outbox_release_orphans
+ *		Release the leases held under this worker number.
+ *
+ * Called when a worker starts: only one process at a time runs a given
+ * worker number, so any lease still recorded under it belongs to a
+ * predecessor that died (crash, kill, error exit).  Its events are re-sent
+ * at once, with the same ids, instead of after obx.lease_timeout.
+ */
+int64
+obx_outbox_release_orphans(int worker)
+{
+	MemoryContext caller = begin_step("obx: releasing orphaned leases");
+	Oid types[1] = {INT4OID};
+	Datum args[1] = {Int32GetDatum(worker)};
+	int rc;
+	int64 released;
+
+	rc = SPI_execute_with_args("UPDATE obx.outbox_events"
+							   "   SET lease_id = NULL, lease_owner = NULL, lease_until = NULL"
+							   " WHERE lease_owner = $1 AND lease_until IS NOT NULL"
+							   "   AND published_at IS NULL",
+							   1, types, args, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "obx could not release orphaned leases: %s",
+			 SPI_result_code_string(rc));
+	released = (int64) SPI_processed;
+	end_step(caller);
+	return released;
 }
 
 /*

@@ -243,6 +243,20 @@ publish_batch(ObxBatch *batch, TimestampTz claimed_since)
 }
 
 /*
+ * What an idle worker is waiting for: brokers to come back, failed events'
+ * backoff to pass, or new events.
+ */
+static ObxWorkerState
+idle_state(void)
+{
+	if (obx_kafka_brokers_down(producer))
+		return OBX_STATE_BROKER_DOWN;
+	if (last_batch_failed)
+		return OBX_STATE_BACKING_OFF;
+	return OBX_STATE_IDLE;
+}
+
+/*
  * obx_relay_main
  *		Entry point of relay worker number main_arg.
  */
@@ -251,6 +265,7 @@ obx_relay_main(Datum main_arg)
 {
 	MemoryContext loop_cxt;
 	bool ready = false;
+	int64 released;
 	bool said_waiting = false;
 	TimestampTz next_purge = 0;
 	TimestampTz next_producer_try = 0;
@@ -267,6 +282,13 @@ obx_relay_main(Datum main_arg)
 
 	loop_cxt = AllocSetContextCreate(TopMemoryContext, "obx relay loop",
 									 ALLOCSET_DEFAULT_SIZES);
+
+	/*
+	 * Publish only what is durable: with synchronous_commit on, the commit
+	 * of a claim flushes the WAL past the commit records of every event it
+	 * claimed, whatever the events' own transactions used.
+	 */
+	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
 
 	ereport(LOG,
 			(errmsg("obx relay %d started for database \"%s\"", my_worker,
@@ -302,6 +324,27 @@ obx_relay_main(Datum main_arg)
 				wait_for_work(obx_poll_interval_ms);
 				continue;
 			}
+			released = obx_outbox_release_orphans(my_worker);
+			if (released > 0)
+				ereport(LOG,
+						(errmsg("obx relay %d released %lld events leased by its previous run",
+								my_worker, (long long) released),
+						 errdetail("They are re-sent with the same event ids.")));
+		}
+
+		if (my_worker == 0 && GetCurrentTimestamp() >= next_purge)
+		{
+			int64 purged = obx_outbox_purge();
+
+			next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													 purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);
+		}
+
+		/* New Kafka settings: build the next batch's producer from them. */
+		if (rebuild_producer && producer != NULL)
+		{
+			obx_kafka_destroy(producer, 0);
+			producer = NULL;
 		}
 
 		if (producer == NULL)
@@ -330,14 +373,6 @@ obx_relay_main(Datum main_arg)
 			}
 		}
 
-		if (my_worker == 0 && GetCurrentTimestamp() >= next_purge)
-		{
-			int64 purged = obx_outbox_purge();
-
-			next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													 purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);
-		}
-
 		claimed_since = GetCurrentTimestamp();
 		if (obx_outbox_claim(&batch, my_worker))
 		{
@@ -345,15 +380,7 @@ obx_relay_main(Datum main_arg)
 			continue;
 		}
 
-		obx_status_set_state(my_worker,
-							 obx_kafka_brokers_down(producer) ? OBX_STATE_BROKER_DOWN : last_batch_failed ? OBX_STATE_BACKING_OFF
-																										  : OBX_STATE_IDLE);
-		if (rebuild_producer)
-		{
-			obx_kafka_destroy(producer, 0);
-			producer = NULL;
-			continue;
-		}
+		obx_status_set_state(my_worker, idle_state());
 		wait_for_work(obx_poll_interval_ms);
 	}
 

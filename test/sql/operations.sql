@@ -178,6 +178,27 @@ SELECT topic, pending, leased, published, quarantined, failing
   FROM obx.status ORDER BY topic COLLATE "C";
 
 --
+-- obx.skip: a quarantined event leaves the outbox for obx.skipped_events,
+-- with its reason; nothing else can be skipped.
+--
+SELECT obx.enqueue('orders.skip.v1', 'ord_s', '{"n": 1}',
+                   event_id => '00000000-0000-4000-8000-0000000005a1') IS NOT NULL AS enqueued;
+SELECT obx.enqueue('orders.skip.v1', 'ord_s', '{"n": 2}',
+                   event_id => '00000000-0000-4000-8000-0000000005a2') IS NOT NULL AS enqueued;
+SELECT obx.skip('00000000-0000-4000-8000-0000000005a1', 'not quarantined') AS skipped_pending;
+UPDATE obx.outbox_events SET quarantined_at = now(), failures = 3,
+       last_error = 'MSG_SIZE_TOO_LARGE: Broker: Message size too large', last_error_class = 'permanent'
+ WHERE id = '00000000-0000-4000-8000-0000000005a1';
+SELECT obx.skip('00000000-0000-4000-8000-0000000005a1', '');
+\echo :SQLSTATE
+SELECT obx.skip('00000000-0000-4000-8000-0000000005a1', 'payload too large for the topic; reissued as ord_s v2') AS skipped;
+SELECT obx.skip('00000000-0000-4000-8000-0000000005a1', 'again') AS skipped_twice;
+SELECT id, event_key, last_error_class, skip_reason, skipped_by = session_user AS by_me
+  FROM obx.skipped_events;
+SELECT id, event_key FROM obx.outbox_events WHERE topic = 'orders.skip.v1';
+SELECT count(*) AS quarantined_left FROM obx.quarantine WHERE topic = 'orders.skip.v1';
+
+--
 -- obx.workers: one row per configured relay worker; none here.
 --
 SHOW obx.workers;
