@@ -156,7 +156,7 @@ extern PGDLLEXPORT void obx_relay_main(Datum main_arg);
 /* outbox.c: each call is one short transaction of its own */
 extern bool obx_outbox_ready(void);
 extern bool obx_outbox_claim(ObxBatch *batch, int worker);
-extern void obx_outbox_record(ObxBatch *batch);
+extern int obx_outbox_record(ObxBatch *batch);
 extern int obx_outbox_renew(ObxBatch *batch);
 extern int64 obx_outbox_release_orphans(int worker);
 extern int64 obx_outbox_purge(void);

@@ -363,7 +363,7 @@ uuid_array(ObxEvent **events, int n)
 										   TYPALIGN_CHAR));
 }
 
-static void
+static int
 record_delivered(ObxEvent **events, int n)
 {
 	Datum *parts = palloc(sizeof(Datum) * n);
@@ -388,6 +388,8 @@ record_delivered(ObxEvent **events, int n)
 	if (rc != SPI_OK_UPDATE)
 		elog(ERROR, "obx could not mark events published: %s",
 			 SPI_result_code_string(rc));
+	/* Rows this call published; a stale worker's late reports publish none. */
+	return (int) SPI_processed;
 }
 
 static void
@@ -472,11 +474,13 @@ record_released(ObxBatch *batch, ObxEvent **events, int n)
  * Delivered events get published_at, partition and offset; failed ones
  * their error, a backoff or quarantine; events never handed to Kafka (or
  * still in flight when the worker gives up on them) are released for the
- * next claim with their attempt given back.
+ * next claim with their attempt given back.  Returns how many events this
+ * call marked published.
  */
-void
+int
 obx_outbox_record(ObxBatch *batch)
 {
+	int published = 0;
 	MemoryContext caller;
 	ObxEvent **delivered;
 	ObxEvent **failed;
@@ -487,7 +491,7 @@ obx_outbox_record(ObxBatch *batch)
 	int i;
 
 	if (batch->nevents == 0)
-		return;
+		return 0;
 
 	delivered = palloc(sizeof(ObxEvent *) * batch->nevents);
 	failed = palloc(sizeof(ObxEvent *) * batch->nevents);
@@ -514,12 +518,13 @@ obx_outbox_record(ObxBatch *batch)
 	caller = begin_step("obx: recording deliveries");
 	prepare_plans();
 	if (ndelivered > 0)
-		record_delivered(delivered, ndelivered);
+		published = record_delivered(delivered, ndelivered);
 	if (nfailed > 0)
 		record_failed(batch, failed, nfailed);
 	if (nreleased > 0)
 		record_released(batch, released, nreleased);
 	end_step(caller);
+	return published;
 }
 
 /*

@@ -226,7 +226,7 @@ publish_batch(ObxBatch *batch, TimestampTz claimed_since)
 	}
 
 	recorded_since = GetCurrentTimestamp();
-	obx_outbox_record(batch);
+	delivered = obx_outbox_record(batch);
 	last_batch_failed = (failed > 0);
 	obx_status_batch_done(my_worker, delivered, failed, last_error);
 	elog(DEBUG1, "obx relay %d: batch of %d events, %d published, %d failed; claim %.1f ms, Kafka %.1f ms, record %.1f ms",

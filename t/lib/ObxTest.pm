@@ -85,7 +85,7 @@ sub obx_node
 		'obx.poll_interval' => "'200ms'",
 		'obx.backoff_min' => "'50ms'",
 		'obx.backoff_max' => "'1s'",
-		'log_min_messages' => 'log',
+		'log_min_messages' => 'warning',
 		%conf);
 	$node->append_conf('postgresql.conf',
 		join('', map { "$_ = $settings{$_}\n" } sort keys %settings));

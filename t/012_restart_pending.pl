@@ -1,0 +1,158 @@
+# Window: PostgreSQL restarts (a crash-like immediate stop, then a clean
+# restart) with events pending and the brokers down.
+#
+# The relay workers claim the events and wait on brokers that never answer;
+# the instance is stopped in immediate mode (no shutdown checkpoint, workers
+# killed mid-batch) and started again, then restarted cleanly (workers give
+# up their in-flight batches within obx.shutdown_timeout), and only then do
+# the brokers come back.  Guarantees 2, 4, 5 and 6: every committed event
+# reaches Kafka, per key in enqueue order, and the application's writes
+# never wait on the broker (each enqueue runs under statement_timeout and
+# lock_timeout, so a blocked write fails the test instead of hanging it).
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use ObxTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $t0 = time();
+my $topic = 'orders.restart_pending.v1';
+my $nkeys = 20;
+my $per_tx = 10;
+my $lease_s = 3;
+
+my $mock = start_mock();
+
+# Two workers; a short lease, so the leases of the workers killed by the
+# immediate stop end soon after the start even if nothing releases them.
+my $node = obx_node('restart_pending', $mock,
+	'obx.workers' => 2,
+	'obx.lease_timeout' => "'${lease_s}s'",
+	'log_min_messages' => 'warning');
+
+$node->poll_query_until('postgres',
+	"SELECT count(*) = 2 FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
+  or die 'the relay workers did not start';
+
+mock_cmd($mock, 'down all');
+
+# enqueue_wave($wave, $ntx): $ntx transactions of $per_tx events each, keys
+# spread so that every transaction touches several keys and every key gets
+# events from several transactions.  Returns the committed ids.
+my $slowest = 0;
+my $n = 0;
+sub enqueue_wave
+{
+	my ($wave, $ntx) = @_;
+	my @ids;
+	for my $tx (1 .. $ntx)
+	{
+		my $sql = "SET statement_timeout = '5s';\nSET lock_timeout = '5s';\nBEGIN;\n";
+		for my $j (1 .. $per_tx)
+		{
+			$n++;
+			my $key = 'ord_' . ($n % $nkeys);
+			$sql .= "SELECT obx.enqueue('$topic', '$key', '{\"wave\": $wave, \"n\": $n}');\n";
+		}
+		$sql .= "COMMIT;\n";
+		my $t = time();
+		my ($ret, $out, $err) = $node->psql('postgres', $sql, on_error_stop => 1);
+		my $took = time() - $t;
+		$slowest = $took if $took > $slowest;
+		my @got = grep { length } split /\n/, $out;
+		is($ret, 0, "wave $wave tx $tx committed with the brokers down")
+		  or diag($err);
+		is(scalar(@got), $per_tx, "wave $wave tx $tx returned $per_tx ids");
+		push @ids, @got;
+	}
+	return @ids;
+}
+
+# Wave 1 (100 events), then wait until the workers have claimed: the
+# immediate stop must catch them mid-batch.
+my @committed = enqueue_wave(1, 10);
+$node->poll_query_until('postgres',
+	"SELECT count(*) > 0 FROM obx.outbox_events WHERE lease_until IS NOT NULL")
+  or die 'no event was ever claimed';
+
+# The relays hold no row lock while they wait on Kafka: a session can lock
+# every pending row (lock_timeout covers a lease renewal in progress).
+my ($ret, $out, $err) = $node->psql('postgres', q{
+	SET lock_timeout = '5s';
+	BEGIN;
+	SELECT count(*) FROM (SELECT 1 FROM obx.outbox_events
+		WHERE published_at IS NULL FOR UPDATE) s;
+	ROLLBACK;});
+is($ret, 0, 'every pending row can be locked while the relays wait on Kafka')
+  or diag($err);
+
+note('leased before the immediate stop: ' . $node->safe_psql('postgres',
+	'SELECT count(*) FROM obx.outbox_events WHERE lease_until IS NOT NULL'));
+$node->stop('immediate');
+$node->start;
+is($node->safe_psql('postgres',
+	'SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL'),
+	scalar(@committed), 'after the immediate stop every event is still pending');
+
+# Wave 2 (50 events) after the crash-like restart, brokers still down.
+my $started_at = $node->safe_psql('postgres', 'SELECT now()');
+push @committed, enqueue_wave(2, 5);
+
+# Wait for a claim made since the start (a lease taken before the crash
+# ends at most obx.lease_timeout after it), so that the clean restart
+# catches a live worker mid-batch.
+$node->poll_query_until('postgres', qq{
+	SELECT count(*) > 0 FROM obx.outbox_events
+	 WHERE lease_until >= '$started_at'::timestamptz + interval '$lease_s s'})
+  or die 'nothing was claimed after the restart';
+note('workers before the clean restart: ' . $node->safe_psql('postgres',
+	"SELECT string_agg(worker || ':' || state, ', ' ORDER BY worker) FROM obx.workers"));
+
+# A clean restart: the workers give their in-flight batches back, within
+# obx.shutdown_timeout (5 s by default), and stop.
+my $log_offset = -s $node->logfile;
+my $t_restart = time();
+$node->restart;
+note(sprintf('clean restart took %.1f s', time() - $t_restart));
+my $log = slurp_file($node->logfile, $log_offset);
+like($log, qr/obx relay 0 stopped.*obx relay 1 stopped|obx relay 1 stopped.*obx relay 0 stopped/s,
+	'both workers stopped cleanly');
+
+# Wave 3 (50 events) after the clean restart, brokers still down.
+push @committed, enqueue_wave(3, 5);
+is(scalar(@committed), 200, '200 events committed in 20 transactions');
+is($node->safe_psql('postgres', q{
+	SELECT count(*) FROM obx.outbox_events
+	 WHERE published_at IS NULL AND quarantined_at IS NULL}),
+	'200', 'all 200 are pending, none published or quarantined');
+cmp_ok($slowest, '<', 5, sprintf('no enqueue transaction waited on the broker (slowest %.2f s)', $slowest));
+
+mock_cmd($mock, 'up all');
+my $t_up = time();
+ok(all_published($node), 'every event published once the brokers are back');
+note(sprintf('all published %.1f s after the brokers came back', time() - $t_up));
+
+my %committed = map { $_ => 1 } @committed;
+my $msgs = wait_for_broker($mock, $topic, sub {
+	my $seen = event_ids_at_broker(shift);
+	!grep { !$seen->{$_} } keys %committed }, 'every committed event at the broker');
+my $seen = event_ids_at_broker($msgs);
+
+is_deeply([ sort keys %$seen ], [ sort keys %committed ],
+	'the broker holds exactly the committed events');
+is_deeply(first_occurrences($msgs), committed_ids($node),
+	'per key, broker order equals enqueue order');
+is($node->safe_psql('postgres', q{
+	SELECT count(*) FROM obx.outbox_events
+	 WHERE quarantined_at IS NOT NULL OR lease_id IS NOT NULL}),
+	'0', 'nothing quarantined, no lease left behind');
+
+note(sprintf('%d messages, %d distinct events, %d duplicates; wall time %.1f s',
+	scalar(@$msgs), scalar(keys %$seen), scalar(@$msgs) - scalar(keys %$seen),
+	time() - $t0));
+
+done_testing();
