@@ -4,7 +4,7 @@
 #   . scripts/deps.sh && obx_install_deps
 
 OBX_PACKAGES="make gcc clang-format postgresql-15 postgresql-server-dev-15 librdkafka-dev
-uuid-dev kcat libipc-run-perl procps"
+uuid-dev kcat libipc-run-perl procps prometheus-postgres-exporter"
 
 obx_install_deps()
 {

@@ -146,7 +146,7 @@ publish_batch(ObxBatch *batch, TimestampTz claimed_since)
 	TimestampTz renew_at;
 	TimestampTz give_up_at = 0;
 	long renew_every_ms = obx_lease_timeout_s * 1000L / 3;
-	int delivered = 0;
+	int delivered;
 	int failed = 0;
 	const char *last_error = NULL;
 	int i;
@@ -214,9 +214,7 @@ publish_batch(ObxBatch *batch, TimestampTz claimed_since)
 	{
 		ObxEvent *ev = &batch->events[i];
 
-		if (ev->outcome == OBX_OUTCOME_DELIVERED)
-			delivered++;
-		else if (ev->outcome == OBX_OUTCOME_FAILED)
+		if (ev->outcome == OBX_OUTCOME_FAILED)
 		{
 			failed++;
 			last_error = psprintf("event %s topic %s: %s (%s)", ev->id_text,
