@@ -25,6 +25,9 @@ include $(PGXS)
 
 all: tools/obx-kafka-mock
 
+# Every source file includes the shared header (PGXS tracks no headers).
+$(OBJS): src/obx.h
+
 tools/obx-kafka-mock: tools/obx_kafka_mock.c
 	$(MAKE) -C tools
 

@@ -64,9 +64,16 @@ COMMENT ON COLUMN obx.outbox_events.failures IS
 /* What the relay scans: unpublished events in enqueue order. */
 CREATE INDEX outbox_events_pending_idx
 	ON obx.outbox_events (seq) WHERE published_at IS NULL;
-/* Per-key order check: is an earlier event of this key still unpublished? */
-CREATE INDEX outbox_events_key_idx
-	ON obx.outbox_events (topic, event_key, seq) WHERE published_at IS NULL;
+/*
+ * Events in flight or failing: what blocks their key.  Stays small, since
+ * it holds only unpublished events that are leased, backing off or
+ * quarantined (see src/outbox.c).
+ */
+CREATE INDEX outbox_events_active_idx
+	ON obx.outbox_events (topic, event_key)
+	WHERE published_at IS NULL
+	  AND (lease_until IS NOT NULL OR next_attempt_at > '-infinity'
+		   OR quarantined_at IS NOT NULL);
 /* Retention purge of published events. */
 CREATE INDEX outbox_events_published_idx
 	ON obx.outbox_events (published_at) WHERE published_at IS NOT NULL;
@@ -342,7 +349,8 @@ CREATE FUNCTION obx.worker_status(
 	OUT started_at timestamptz,
 	OUT last_success_at timestamptz,
 	OUT last_error_at timestamptz,
-	OUT last_error text)
+	OUT last_error text,
+	OUT events_per_second float8)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'obx_worker_status'
 LANGUAGE C VOLATILE;
@@ -350,7 +358,7 @@ LANGUAGE C VOLATILE;
 CREATE VIEW obx.workers AS SELECT * FROM obx.worker_status();
 
 COMMENT ON VIEW obx.workers IS
-	'One row per relay worker: state, counters, last success and last error';
+	'One row per relay worker: state, counters, events/s, last success and last error';
 
 /*
  * Privileges: nothing is granted to PUBLIC.  An application role gets

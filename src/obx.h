@@ -83,6 +83,11 @@ typedef struct ObxWorkerSlot
 	TimestampTz last_success_at;
 	TimestampTz last_error_at;
 	char last_error[256];
+	/* events published in two consecutive windows, for events/s */
+	TimestampTz window_start;
+	int64 window_published;
+	TimestampTz prev_window_start;
+	int64 prev_window_published;
 } ObxWorkerSlot;
 
 typedef struct ObxShared

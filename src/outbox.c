@@ -9,20 +9,23 @@
  * committed here; none is ever open while the worker waits on Kafka.
  * Statements are prepared once per worker and kept (SPI_keepplan).
  *
- * The claim is where per-key order is decided.  An event is claimable when
- * it is unpublished, not quarantined, not leased, due, and no earlier
- * (lower seq) unpublished event of the same topic and key is leased, backing
- * off, or quarantined (when obx.quarantine_blocks_key is on).  Claims are
- * serialized by a transaction-level advisory lock, so a claim always sees
- * the leases of the claims before it; together this means the events of a
- * key a worker holds are always a prefix of that key's unpublished events,
- * and no two workers ever hold events of the same key.  No cursor ("ids
- * after the last one seen") is kept, so an event whose transaction commits
- * late is found by the next claim like any other.
+ * The claim is where per-key order is decided.  A key is blocked while any
+ * of its unpublished events is leased, backing off, or quarantined (when
+ * obx.quarantine_blocks_key is on); an event is claimable when it is
+ * unpublished, not quarantined, not leased, due, and its key is not
+ * blocked.  Claims are serialized by a transaction-level advisory lock, so
+ * a claim always sees the leases of the claims before it, and a claim
+ * takes the earliest claimable events in seq order.  Together this means
+ * the events of a key a worker holds are always a prefix of that key's
+ * unpublished events, and no two workers ever hold events of the same key.
+ * No cursor ("ids after the last one seen") is kept, so an event whose
+ * transaction commits late is found by the next claim like any other.
  *
- * The OFFSET 0 in the claim keeps the per-key check a correlated probe of
- * outbox_events_key_idx for each candidate; unfenced, the planner turns it
- * into an anti-join that scans every unpublished row on every claim.
+ * The blocked keys come from outbox_events_active_idx, which holds only the
+ * unpublished events that are leased or have failed (usually a handful,
+ * however long the queue; after an outage, the events that failed until
+ * they are published).  They are hashed once per claim, so a claim costs
+ * the batch it takes plus the events it skips, never a probe per event.
  *
  *-------------------------------------------------------------------------
  */
@@ -57,21 +60,23 @@ static SPIPlanPtr release_plan = NULL;
 static SPIPlanPtr renew_plan = NULL;
 
 static const char *claim_sql =
-	"WITH claimable AS ("
+	"WITH blocked AS MATERIALIZED ("
+	"  SELECT DISTINCT b.topic, b.event_key"
+	"    FROM obx.outbox_events b"
+	"   WHERE b.published_at IS NULL"
+	"     AND (b.lease_until IS NOT NULL OR b.next_attempt_at > '-infinity'"
+	"          OR b.quarantined_at IS NOT NULL)"
+	"     AND (b.lease_until >= now()"
+	"          OR b.next_attempt_at > now()"
+	"          OR (b.quarantined_at IS NOT NULL AND $3))"
+	"), claimable AS ("
 	"  SELECT e.id"
 	"    FROM obx.outbox_events e"
 	"   WHERE e.published_at IS NULL"
 	"     AND e.quarantined_at IS NULL"
 	"     AND (e.lease_until IS NULL OR e.lease_until < now())"
 	"     AND e.next_attempt_at <= now()"
-	"     AND NOT EXISTS ("
-	"       SELECT 1 FROM obx.outbox_events b"
-	"        WHERE b.topic = e.topic AND b.event_key = e.event_key"
-	"          AND b.seq < e.seq AND b.published_at IS NULL"
-	"          AND (b.lease_until >= now()"
-	"               OR b.next_attempt_at > now()"
-	"               OR (b.quarantined_at IS NOT NULL AND $3))"
-	"        OFFSET 0)"
+	"     AND (e.topic, e.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
 	"   ORDER BY e.seq"
 	"   LIMIT $4"
 	"), claimed AS ("

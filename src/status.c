@@ -18,6 +18,9 @@
 
 PG_FUNCTION_INFO_V1(obx_worker_status);
 
+/* events/s is measured over the last one to two windows of this length */
+#define OBX_RATE_WINDOW_MS 10000
+
 const char *
 obx_state_name(ObxWorkerState state)
 {
@@ -65,6 +68,16 @@ obx_status_batch_done(int worker, int published, int failed, const char *error)
 	TimestampTz now = GetCurrentTimestamp();
 
 	SpinLockAcquire(&slot->mutex);
+	if (slot->window_start == 0)
+		slot->window_start = now;
+	if (TimestampDifferenceExceeds(slot->window_start, now, OBX_RATE_WINDOW_MS))
+	{
+		slot->prev_window_start = slot->window_start;
+		slot->prev_window_published = slot->window_published;
+		slot->window_start = now;
+		slot->window_published = 0;
+	}
+	slot->window_published += published;
 	slot->batches++;
 	slot->published += published;
 	slot->errors += failed;
@@ -76,6 +89,22 @@ obx_status_batch_done(int worker, int published, int failed, const char *error)
 		strlcpy(slot->last_error, error, sizeof(slot->last_error));
 	}
 	SpinLockRelease(&slot->mutex);
+}
+
+/*
+ * Published events per second over the current and the previous window;
+ * it falls toward zero while the worker publishes nothing.
+ */
+static double
+events_per_second(const ObxWorkerSlot *slot, TimestampTz now)
+{
+	TimestampTz since = slot->prev_window_start ? slot->prev_window_start : slot->started_at;
+	double seconds;
+
+	if (since == 0 || now <= since)
+		return 0.0;
+	seconds = (now - since) / 1000000.0;
+	return (slot->prev_window_published + slot->window_published) / seconds;
 }
 
 /*
@@ -95,8 +124,8 @@ obx_worker_status(PG_FUNCTION_ARGS)
 	{
 		ObxWorkerSlot *slot = &obx_shared->workers[i];
 		ObxWorkerSlot copy;
-		Datum values[10];
-		bool nulls[10] = {0};
+		Datum values[11];
+		bool nulls[11] = {0};
 
 		SpinLockAcquire(&slot->mutex);
 		memcpy(&copy, slot, sizeof(copy));
@@ -117,6 +146,7 @@ obx_worker_status(PG_FUNCTION_ARGS)
 		nulls[8] = (copy.last_error_at == 0);
 		values[9] = CStringGetTextDatum(copy.last_error);
 		nulls[9] = (copy.last_error[0] == '\0');
+		values[10] = Float8GetDatum(events_per_second(&copy, GetCurrentTimestamp()));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
