@@ -38,10 +38,10 @@ CREATE TABLE obx.outbox_events (
 );
 
 /*
- * Every event is inserted, leased (an update of columns no index covers, so
- * it can be a HOT update when the page has room), marked published, and
- * purged after obx.retention.  Free space per page for the lease update and
- * a vacuum that keeps up with a queue-like table keep it from bloating.
+ * Every event is inserted, leased, marked published, and purged after
+ * obx.retention: three dead row versions per event.  A vacuum that keeps up
+ * with a queue-like table, and free space per page for the new versions,
+ * keep it from bloating.
  */
 ALTER TABLE obx.outbox_events SET (
 	fillfactor = 80,
@@ -217,7 +217,7 @@ COMMENT ON FUNCTION obx.retry_quarantined(text) IS
 CREATE TABLE obx.skipped_events (
 	LIKE obx.outbox_events,
 	skipped_at			timestamptz NOT NULL DEFAULT now(),
-	skipped_by			name		NOT NULL DEFAULT current_user,
+	skipped_by			name		NOT NULL DEFAULT session_user,
 	skip_reason			text		NOT NULL
 );
 
@@ -274,8 +274,8 @@ DECLARE
 BEGIN
 	UPDATE obx.outbox_events e
 	   SET published_at = NULL, kafka_partition = NULL, kafka_offset = NULL,
-		   attempts = 0, next_attempt_at = '-infinity', lease_id = NULL,
-		   lease_owner = NULL, lease_until = NULL
+		   attempts = 0, failures = 0, next_attempt_at = '-infinity',
+		   lease_id = NULL, lease_owner = NULL, lease_until = NULL
 	 WHERE e.id = ANY (replay.event_ids)
 	   AND e.published_at IS NOT NULL;
 	GET DIAGNOSTICS n = ROW_COUNT;
@@ -365,8 +365,8 @@ COMMENT ON VIEW obx.workers IS
  * USAGE on the schema and EXECUTE on obx.enqueue (which runs as the
  * extension owner and can only insert validated events); a consumer role
  * gets EXECUTE on obx.mark_processed; an operator gets EXECUTE on retry,
- * retry_quarantined and replay (which run as the extension owner too);
- * monitoring gets SELECT on the views.
+ * retry_quarantined, replay and skip (which run as the extension owner
+ * too); monitoring gets SELECT on the views.
  */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA obx FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA obx FROM PUBLIC;

@@ -200,7 +200,7 @@ set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
  *		Build an idempotent producer (acks=all) from the current settings.
  *
  * Returns NULL with a message in errbuf when the configuration is
- * rejected; the caller retries after the next reload.
+ * rejected; the caller tries again a few seconds later.
  */
 ObxProducer *
 obx_kafka_create(char *errbuf, size_t errlen)

@@ -105,21 +105,31 @@ define_gucs(void)
 							   PGC_SIGHUP, 0,
 							   NULL, NULL, NULL);
 
-	DefineCustomStringVariable("obx.database",
-							   "Database whose outbox the relay workers publish.",
-							   NULL,
-							   &obx_database,
-							   "postgres",
-							   PGC_POSTMASTER, 0,
-							   NULL, NULL, NULL);
+	/*
+	 * PostgreSQL accepts postmaster-context settings only while the
+	 * shared_preload_libraries are loaded; defining them later (CREATE
+	 * EXTENSION or obx.enqueue in a server without the preload) is a FATAL
+	 * error.  Those two settings only matter to the relay, which runs only
+	 * when preloaded.
+	 */
+	if (process_shared_preload_libraries_in_progress)
+	{
+		DefineCustomStringVariable("obx.database",
+								   "Database whose outbox the relay workers publish.",
+								   NULL,
+								   &obx_database,
+								   "postgres",
+								   PGC_POSTMASTER, 0,
+								   NULL, NULL, NULL);
 
-	DefineCustomIntVariable("obx.workers",
-							"Number of relay background workers.",
-							NULL,
-							&obx_workers,
-							2, 0, OBX_MAX_WORKERS,
-							PGC_POSTMASTER, 0,
-							NULL, NULL, NULL);
+		DefineCustomIntVariable("obx.workers",
+								"Number of relay background workers.",
+								NULL,
+								&obx_workers,
+								2, 0, OBX_MAX_WORKERS,
+								PGC_POSTMASTER, 0,
+								NULL, NULL, NULL);
+	}
 
 	DefineCustomIntVariable("obx.lease_timeout",
 							"How long a claimed batch stays leased to its worker.",

@@ -150,6 +150,9 @@ typedef struct ObxBatch
 	int nevents;
 	int in_flight;
 	ObxEvent *events;
+	TimestampTz retry_at; /* set by obx_outbox_record: when the last of its
+						   * failed, not quarantined events is due again,
+						   * or 0 if none waits for a retry */
 } ObxBatch;
 
 /* obx.c */
@@ -186,6 +189,7 @@ extern const char *obx_error_class_name(ObxErrorClass cls);
 extern void obx_status_set_state(int worker, ObxWorkerState state);
 extern void obx_status_batch_done(int worker, int published, int failed,
 								  const char *error);
+extern void obx_status_error(int worker, const char *error);
 extern const char *obx_state_name(ObxWorkerState state);
 
 #endif /* OBX_H */

@@ -39,6 +39,7 @@
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 #include "utils/uuid.h"
 
 #include "obx.h"
@@ -129,7 +130,7 @@ static const char *failed_sql =
 	"           END"
 	"  FROM f"
 	" WHERE e.id = f.id AND e.lease_id = $2 AND e.published_at IS NULL"
-	" RETURNING e.id::text, e.topic, e.quarantined_at IS NOT NULL";
+	" RETURNING e.id::text, e.topic, e.quarantined_at IS NOT NULL, e.next_attempt_at";
 
 static const char *release_sql =
 	"UPDATE obx.outbox_events e"
@@ -328,6 +329,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	batch->lease_id = lease_id;
 	batch->nevents = (int) SPI_processed;
 	batch->in_flight = 0;
+	batch->retry_at = 0;
 	batch->events = batch->nevents > 0 ? palloc0(sizeof(ObxEvent) * batch->nevents) : NULL;
 
 	for (i = 0; i < SPI_processed; i++)
@@ -449,7 +451,13 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 		TupleDesc desc = SPI_tuptable->tupdesc;
 		bool isnull;
 
-		if (DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
+		if (!DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
+		{
+			TimestampTz due = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull));
+
+			batch->retry_at = Max(batch->retry_at, due);
+		}
+		else
 			ereport(WARNING,
 					(errcode(ERRCODE_DATA_EXCEPTION),
 					 errmsg("obx quarantined event %s of topic %s",

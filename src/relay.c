@@ -8,8 +8,8 @@
  * No transaction is open while the worker waits on Kafka; the only database
  * work during the wait is a lease renewal, itself a short transaction.
  * Any unexpected error ends the worker with exit status 1 and the
- * postmaster starts it again; its leased events are re-sent with the same
- * ids once the lease expires.
+ * postmaster starts it again; the new process releases the leases its
+ * predecessor held, so those events are re-sent at once with the same ids.
  *
  *-------------------------------------------------------------------------
  */
@@ -36,7 +36,7 @@
 static int my_worker = -1;
 static ObxProducer *producer = NULL;
 static bool rebuild_producer = false;
-static bool last_batch_failed = false;
+static TimestampTz backoff_until = 0; /* retry time of this worker's failed events */
 
 static void
 detach_slot(int code, Datum arg)
@@ -73,8 +73,8 @@ kafka_settings(void)
 
 /*
  * Reload the configuration on SIGHUP.  A change of anything the producer
- * is built from rebuilds it, but only between batches, so events in flight
- * are reported by the producer that sent them.
+ * is built from marks it for rebuilding: the batch in flight is purged and
+ * released (publish_batch), and the next claim uses a new producer.
  */
 static void
 process_reload(void)
@@ -225,7 +225,7 @@ publish_batch(ObxBatch *batch, TimestampTz claimed_since)
 
 	recorded_since = GetCurrentTimestamp();
 	delivered = obx_outbox_record(batch);
-	last_batch_failed = (failed > 0);
+	backoff_until = batch->retry_at;
 	obx_status_batch_done(my_worker, delivered, failed, last_error);
 	elog(DEBUG1, "obx relay %d: batch of %d events, %d published, %d failed; claim %.1f ms, Kafka %.1f ms, record %.1f ms",
 		 my_worker, batch->nevents, delivered, failed,
@@ -249,7 +249,12 @@ idle_state(void)
 {
 	if (obx_kafka_brokers_down(producer))
 		return OBX_STATE_BROKER_DOWN;
-	if (last_batch_failed)
+	/*
+	 * Only while events this worker failed wait for their retry: not after
+	 * a failure that quarantined them, and not forever once another worker
+	 * has taken the retry over.
+	 */
+	if (GetCurrentTimestamp() < backoff_until)
 		return OBX_STATE_BACKING_OFF;
 	return OBX_STATE_IDLE;
 }
@@ -363,7 +368,7 @@ obx_relay_main(Datum main_arg)
 						 errmsg("obx relay %d could not create a Kafka producer: %s",
 								my_worker, errbuf),
 						 errhint("Check obx.brokers and obx.kafka_properties, then reload.")));
-				obx_status_batch_done(my_worker, 0, 0, errbuf);
+				obx_status_error(my_worker, errbuf);
 				obx_status_set_state(my_worker, OBX_STATE_BROKER_DOWN);
 				next_producer_try = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 																OBX_PRODUCER_RETRY_MS);

@@ -57,6 +57,22 @@ obx_status_set_state(int worker, ObxWorkerState state)
 }
 
 /*
+ * obx_status_error
+ *		Record an error that is not about a batch (the producer could not be
+ *		built).
+ */
+void
+obx_status_error(int worker, const char *error)
+{
+	ObxWorkerSlot *slot = &obx_shared->workers[worker];
+
+	SpinLockAcquire(&slot->mutex);
+	slot->last_error_at = GetCurrentTimestamp();
+	strlcpy(slot->last_error, error, sizeof(slot->last_error));
+	SpinLockRelease(&slot->mutex);
+}
+
+/*
  * obx_status_batch_done
  *		Count a finished batch; error (may be NULL) describes the last
  *		failure in it.
