@@ -1,0 +1,389 @@
+# Monitoring: monitoring/obx-queries.yaml served by the real
+# prometheus-postgres-exporter (Debian package) shows what obx's own views
+# say.
+#
+# A node with two relay workers publishes events to the Kafka stand-in.
+# One event is refused for good (a payload over the producer's
+# message.max.bytes: MSG_SIZE_TOO_LARGE, a permanent error) and
+# quarantined, holding back two later events of its key; then the limit is
+# raised and the event retried; then the brokers go down and come back.
+# After each step the exporter, running as a role with only obx's
+# documented monitoring grants, is scraped over HTTP and every obx metric
+# is compared with obx.status and obx.workers: per-topic pending, leased,
+# quarantined, failing, published and oldest pending age; per-worker state,
+# up, published, errors and batches counters; the published/errors totals.
+# The counters equal what reached the broker, which is checked by event id
+# (the numbers an operator alerts on tell the truth).
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use ObxMetrics;
+use ObxTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $t0 = time();
+my $orders = 'orders.metrics.v1';
+my $payments = 'payments.metrics.v1';
+my @states = ('not started', 'starting', 'idle', 'producing', 'backing off',
+	'broker down', 'standby', 'waiting for extension', 'stopped');
+
+my $mock = start_mock();
+# The poison is deterministic, as in t/022: enqueue accepts up to 1 MB,
+# the producer refuses messages over 20 kB.  'log' level: the relays'
+# "Kafka settings changed" lines are awaited below.
+my $node = obx_node('prometheus', $mock,
+	'obx.workers' => 2,
+	'obx.kafka_properties' => "'message.max.bytes=20000'",
+	'obx.max_payload_size' => "'1MB'",
+	'log_min_messages' => 'log');
+$node->poll_query_until('postgres',
+	"SELECT count(*) = 2 FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
+  or die 'the relay workers did not start';
+
+# The exporter connects as a role with only the monitoring grants.
+grant_monitoring($node, 'obx_exporter');
+my $exp = start_exporter($node, user => 'obx_exporter');
+my $m = parse_metrics(scrape($exp));
+
+is(sample($m, 'pg_up'), '1', 'the exporter reaches PostgreSQL');
+is(sample($m, 'pg_exporter_user_queries_load_error'), '0', 'the queries file loads');
+is(sample($m, 'pg_exporter_last_scrape_error'), '0', 'every obx query runs as the monitoring role');
+my %types = (
+	obx_topic_pending => 'gauge', obx_topic_leased => 'gauge',
+	obx_topic_quarantined => 'gauge', obx_topic_failing => 'gauge',
+	obx_topic_published_retained => 'gauge',
+	obx_topic_oldest_pending_age_seconds => 'gauge',
+	obx_topic_last_published_timestamp_seconds => 'gauge',
+	obx_topic_last_error_timestamp_seconds => 'gauge',
+	obx_worker_up => 'gauge', obx_worker_state => 'gauge',
+	obx_worker_batches_total => 'counter', obx_worker_published_total => 'counter',
+	obx_worker_errors_total => 'counter',
+	obx_worker_last_success_age_seconds => 'gauge',
+	obx_worker_start_time_seconds => 'gauge',
+	obx_worker_last_error_timestamp_seconds => 'gauge',
+	obx_publish_errors_total => 'counter', obx_publish_published_total => 'counter');
+my %absent_before_events = map { $_ => 1 } grep { /^obx_topic_/ } keys %types;
+for my $name (sort keys %types)
+{
+	next if $absent_before_events{$name};
+	is($m->{type}{$name}, $types{$name}, "$name is exported as a $types{$name}");
+}
+is(scalar(samples($m, 'obx_topic_pending')), 0, 'no topic series before the first event');
+is(scalar(samples($m, 'obx_worker_state')), 2 * @states,
+	'one state series per worker and state');
+check_workers($m, 'before any event', 0, 0);
+
+#
+# Step 1: 30 events in 10 transactions over 5 keys, all published.
+#
+my %committed;    # topic => { id => 1 }
+for my $tx (1 .. 10)
+{
+	my $sql = "BEGIN;\n";
+	$sql .= "SELECT obx.enqueue('$orders', 'ord_" . (($tx + $_) % 5) . "', '{\"tx\": $tx}');\n"
+	  for 1 .. 3;
+	$sql .= "COMMIT;\n";
+	$committed{$orders}{$_} = 1 for grep { length } split /\n/, $node->safe_psql('postgres', $sql);
+}
+is(scalar(keys %{ $committed{$orders} }), 30, '30 events committed');
+ok(all_published($node), 'all 30 published');
+broker_holds($orders);
+
+$m = wait_metrics('the published counters to reach 30 with every worker idle', sub {
+	my $m = shift;
+	sum_of($m, 'obx_worker_published_total') == 30 && all_in_state($m, 'idle') });
+check_topics($m, 'after 30 published');
+check_workers($m, 'after 30 published', 30, 0);
+is(sample($m, 'obx_topic_published_retained', topic => $orders), '30',
+	'published_retained counts the 30 events');
+is(sample($m, 'obx_topic_oldest_pending_age_seconds', topic => $orders), '0',
+	'nothing pending: oldest pending age 0');
+cmp_ok(sample($m, 'obx_topic_last_published_timestamp_seconds', topic => $orders), '>', $t0 - 1,
+	'last published timestamp is recent');
+ok(grep({ $_->{value} <= time() - $t0 + 1 } samples($m, 'obx_worker_last_success_age_seconds')) >= 1,
+	'a worker that published reports a recent last success');
+my %prev = counters($m);
+
+#
+# Step 2: one event can never be sent as it is; it is quarantined and
+# holds back the two later events of its key, while another key flows.
+# The poison and the other key's event commit together, so one worker
+# claims both in one batch: one failure, one success.
+#
+my ($poison, $other) = split /\n/, $node->safe_psql('postgres', qq{
+	BEGIN;
+	SELECT obx.enqueue('$payments', 'pay_1', jsonb_build_object('n', 1, 'blob', repeat('x', 50000)));
+	SELECT obx.enqueue('$payments', 'pay_2', '{"n": 2}');
+	COMMIT;});
+$committed{$payments}{$_} = 1 for $poison, $other;
+$node->poll_query_until('postgres',
+	"SELECT count(*) = 1 FROM obx.quarantine WHERE id = '$poison'")
+  or die 'the rejected event was not quarantined';
+$node->poll_query_until('postgres',
+	"SELECT published_at IS NOT NULL FROM obx.outbox_events WHERE id = '$other'")
+  or die 'the event of the other key was not published';
+for my $n (3, 4)
+{
+	$committed{$payments}{ $node->safe_psql('postgres',
+		"SELECT obx.enqueue('$payments', 'pay_1', '{\"n\": $n}')") } = 1;
+}
+
+$m = wait_metrics('the quarantine to show', sub {
+	my $m = shift;
+	(sample($m, 'obx_topic_quarantined', topic => $payments) // -1) == 1
+	  && sum_of($m, 'obx_worker_published_total') == 31
+	  && sum_of($m, 'obx_worker_errors_total') == 1 });
+check_topics($m, 'after the quarantine');
+is(sample($m, 'obx_topic_pending', topic => $payments), '2',
+	'the two events held back by the quarantined one are pending');
+is(sample($m, 'obx_topic_quarantined', topic => $payments), '1', 'one event quarantined');
+is(sample($m, 'obx_topic_failing', topic => $payments), '0',
+	'failing excludes the quarantined event');
+is(sample($m, 'obx_topic_published_retained', topic => $payments), '1',
+	'the other key was published');
+cmp_ok(sample($m, 'obx_topic_oldest_pending_age_seconds', topic => $payments), '>', 0,
+	'the oldest pending age of the blocked topic is above 0');
+cmp_ok(sample($m, 'obx_topic_last_error_timestamp_seconds', topic => $payments), '>', $t0 - 1,
+	'the error timestamp is recent');
+is(sample($m, 'obx_publish_errors_total'), '1', 'obx_publish_errors_total counts the rejection');
+check_workers($m, 'after the quarantine', 31, 1);
+check_monotonic($m, \%prev, 'after the quarantine');
+%prev = counters($m);
+my $msgs = read_topic($mock, $payments);
+is_deeply([ map { $_->{key} } @$msgs ], ['pay_2'],
+	'the broker holds only the event of the unblocked key');
+
+ok(wait_metrics_for('every worker idle after the quarantine',
+	sub { all_in_state(shift, 'idle') }, 5),
+	'nothing is backing off (the failure was quarantined): every worker shows idle');
+
+#
+# Step 3: the cause is removed (a larger message.max.bytes; each relay
+# rebuilds its producer before its next claim), obx.retry sends the
+# quarantined event, then the two behind it.
+#
+my $log_offset = -s $node->logfile;
+$node->safe_psql('postgres', q{
+	ALTER SYSTEM SET obx.kafka_properties = 'message.max.bytes=1000000';
+	SELECT pg_reload_conf();});
+wait_until(sub {
+	my %w = map { $_ => 1 } (slurp_file($node->logfile, $log_offset)
+		=~ /obx relay (\d+): Kafka settings changed, rebuilding the producer/g);
+	keys(%w) == 2 }, 'both relays to take the new Kafka settings');
+is($node->safe_psql('postgres', "SELECT obx.retry('$poison')"), 't', 'obx.retry accepts it');
+ok(all_published($node), 'everything published after the retry');
+$m = wait_metrics('the counters to reach 34', sub {
+	my $m = shift;
+	sum_of($m, 'obx_worker_published_total') == 34
+	  && (sample($m, 'obx_topic_pending', topic => $payments) // -1) == 0 });
+check_topics($m, 'after the retry');
+is(sample($m, 'obx_topic_quarantined', topic => $payments), '0', 'quarantine empty');
+is(sample($m, 'obx_topic_oldest_pending_age_seconds', topic => $payments), '0',
+	'oldest pending age back to 0');
+is(sample($m, 'obx_publish_published_total'), '34', 'obx_publish_published_total is 34');
+check_workers($m, 'after the retry', 34, 1);
+check_monotonic($m, \%prev, 'after the retry');
+%prev = counters($m);
+broker_holds($payments);
+
+#
+# Step 4: the brokers go down with events in flight: the state gauge shows
+# it, the events wait (leased or pending) and age; the brokers come back
+# and the events are published.
+#
+mock_cmd($mock, 'down all');
+my $sql = "BEGIN;\n";
+$sql .= "SELECT obx.enqueue('$orders', 'ord_$_', '{\"down\": true}');\n" for 1 .. 5;
+$sql .= "COMMIT;\n";
+$committed{$orders}{$_} = 1 for grep { length } split /\n/, $node->safe_psql('postgres', $sql);
+$m = wait_metrics('a worker in state "broker down"', sub {
+	my $m = shift;
+	grep({ $_->{value} == 1 } samples($m, 'obx_worker_state', state => 'broker down')) >= 1 });
+is((sample($m, 'obx_topic_pending', topic => $orders) // 0)
+	+ (sample($m, 'obx_topic_leased', topic => $orders) // 0), 5,
+	'the 5 new events are pending or leased');
+cmp_ok(sample($m, 'obx_topic_oldest_pending_age_seconds', topic => $orders), '>', 0,
+	'and their age is counted');
+check_workers($m, 'with the brokers down', 34, undef);
+
+mock_cmd($mock, 'up all');
+ok(all_published($node), 'all published after the brokers came back');
+$m = wait_metrics('the counters to reach 39', sub {
+	my $m = shift;
+	sum_of($m, 'obx_worker_published_total') == 39
+	  && (sample($m, 'obx_topic_pending', topic => $orders) // -1) == 0
+	  && (sample($m, 'obx_topic_leased', topic => $orders) // -1) == 0 });
+check_topics($m, 'after the brokers came back');
+check_monotonic($m, \%prev, 'after the brokers came back');
+broker_holds($orders);
+
+# A worker that had nothing to send since the brokers came back shows
+# "broker down" until its last connection error is 30 s old
+# (OBX_BROKER_TROUBLE_WINDOW_MS in src/kafka.c); then the alert clears.
+ok(wait_metrics_for('no worker in state "broker down"', sub {
+	!grep { $_->{value} == 1 } samples(shift, 'obx_worker_state', state => 'broker down') }, 60),
+	'no worker shows "broker down" within 60 s of the brokers coming back');
+
+my $log = slurp_file($exp->{log});
+unlike($log, qr/Error running query|level=error/, 'the exporter logged no query error');
+ok(stop_exporter($exp), 'the exporter is stopped');
+note(sprintf('wall time %.1f s', time() - $t0));
+done_testing();
+
+# --- helpers ---------------------------------------------------------------
+
+# wait_metrics('what', sub { my $m = shift; ... }): scrape until the
+# condition holds; fails the test (returns the last metrics) on timeout.
+sub wait_metrics
+{
+	my ($what, $cond) = @_;
+	my $m = scrape_until($exp, $cond, $what);
+	return $m if $m;
+	fail("timed out waiting for $what");
+	return parse_metrics(scrape($exp));
+}
+
+# wait_metrics_for('what', $cond, $seconds): true when the condition held
+# within $seconds (for checks that must not fail the test by themselves).
+sub wait_metrics_for
+{
+	my ($what, $cond, $seconds) = @_;
+	return defined scrape_until($exp, $cond, $what, $seconds);
+}
+
+sub sum_of
+{
+	my ($m, $name, %labels) = @_;
+	my $sum = 0;
+	$sum += $_->{value} for samples($m, $name, %labels);
+	return $sum;
+}
+
+sub all_in_state
+{
+	my ($m, $state) = @_;
+	my @s = samples($m, 'obx_worker_state', state => $state);
+	return @s == 2 && !grep { $_->{value} != 1 } @s;
+}
+
+sub counters
+{
+	my ($m) = @_;
+	my %c;
+	for my $name (qw(obx_worker_batches_total obx_worker_published_total obx_worker_errors_total))
+	{
+		$c{"$name/$_->{labels}{worker}"} = $_->{value} for samples($m, $name);
+	}
+	$c{$_} = sample($m, $_) for qw(obx_publish_errors_total obx_publish_published_total);
+	return %c;
+}
+
+# Counters never go down between scrapes.
+sub check_monotonic
+{
+	my ($m, $prev, $when) = @_;
+	my %now = counters($m);
+	my @down = grep { !defined $now{$_} || $now{$_} < $prev->{$_} } sort keys %$prev;
+	is_deeply(\@down, [], "$when: no counter went down");
+}
+
+# Every topic gauge equals obx.status; the age lies between the ones read
+# just before and just after the scrape.
+sub check_topics
+{
+	my ($m, $when) = @_;
+	my $cols = 'topic, pending, leased, quarantined, failing, published, '
+	  . 'extract(epoch FROM oldest_pending_age)';
+	my $before = $node->safe_psql('postgres', "SELECT $cols FROM obx.status ORDER BY topic");
+	$m = parse_metrics(scrape($exp));
+	my $after = $node->safe_psql('postgres', "SELECT $cols FROM obx.status ORDER BY topic");
+	my %age_after = map { (split /\|/)[0, 6] } split /\n/, $after;
+	my @topics;
+	for my $line (split /\n/, $before)
+	{
+		my ($topic, $pending, $leased, $quarantined, $failing, $published, $age) = split /\|/, $line;
+		push @topics, $topic;
+		my %want = (pending => $pending, leased => $leased, quarantined => $quarantined,
+			failing => $failing, published_retained => $published);
+		my %got = map { $_ => sample($m, "obx_topic_$_", topic => $topic) } keys %want;
+		is_deeply(\%got, \%want, "$when: obx_topic_* of $topic equal obx.status");
+		my $v = sample($m, 'obx_topic_oldest_pending_age_seconds', topic => $topic);
+		ok(defined $v && $v >= $age - 1e-6 && $v <= $age_after{$topic} + 1e-6,
+			"$when: oldest pending age of $topic ($v) is within [$age, $age_after{$topic}]");
+	}
+	is_deeply([ sort map { $_->{labels}{topic} } samples($m, 'obx_topic_pending') ], \@topics,
+		"$when: one series per topic of obx.status");
+}
+
+# Every worker metric equals obx.workers; the state gauge is 1 for the
+# state obx.workers shows and 0 for every other; the published counters add
+# up to $published and the errors to $errors (when defined).
+sub check_workers
+{
+	my ($m, $when, $published, $errors) = @_;
+	my $rows = $node->safe_psql('postgres', q{
+		SELECT worker, state, batches, published, errors, pid IS NOT NULL,
+		       extract(epoch FROM started_at)
+		  FROM obx.workers ORDER BY worker});
+	my $n = 0;
+	for my $line (split /\n/, $rows)
+	{
+		my ($w, $state, $batches, $pub, $err, $up, $started) = split /\|/, $line;
+		$n++;
+		my %got = (
+			batches => sample($m, 'obx_worker_batches_total', worker => $w),
+			published => sample($m, 'obx_worker_published_total', worker => $w),
+			errors => sample($m, 'obx_worker_errors_total', worker => $w),
+			up => sample($m, 'obx_worker_up', worker => $w));
+		is_deeply(\%got, { batches => $batches, published => $pub, errors => $err,
+			up => $up eq 't' ? 1 : 0 }, "$when: counters of worker $w equal obx.workers");
+		my $st = sample($m, 'obx_worker_start_time_seconds', worker => $w);
+		ok(abs($st - $started) < 1e-3, "$when: start time of worker $w equals obx.workers");
+		my %gauge = map { $_->{labels}{state} => $_->{value} }
+		  samples($m, 'obx_worker_state', worker => $w);
+		# The state may move between the SQL read and the scrape only
+		# while the relay works; callers check at rest.
+		my @on = grep { $gauge{$_} == 1 } sort keys %gauge;
+		is(scalar(@on), 1, "$when: worker $w is in exactly one state (@on)");
+		is_deeply([ sort keys %gauge ], [ sort @states ],
+			"$when: worker $w has a series for every state");
+		is($on[0], $state, "$when: worker $w state gauge says '$state' as obx.workers does")
+		  if defined $errors;
+	}
+	is($n, 2, "$when: obx.workers shows 2 workers");
+	is(sum_of($m, 'obx_worker_published_total'), $published,
+		"$when: obx_worker_published_total adds up to $published");
+	is(sample($m, 'obx_publish_published_total'), $published,
+		"$when: obx_publish_published_total is $published");
+	if (defined $errors)
+	{
+		is(sum_of($m, 'obx_worker_errors_total'), $errors,
+			"$when: obx_worker_errors_total adds up to $errors");
+		is(sample($m, 'obx_publish_errors_total'), $errors,
+			"$when: obx_publish_errors_total is $errors");
+	}
+	is(sum_of($m, 'obx_worker_published_total'),
+		$node->safe_psql('postgres', 'SELECT count(*) FROM obx.outbox_events WHERE published_at IS NOT NULL'),
+		"$when: the published counters equal the published rows (no re-send happened)");
+}
+
+# The broker holds exactly the committed events of $topic, each in per-key
+# enqueue order.
+sub broker_holds
+{
+	my ($topic) = @_;
+	my $want = $committed{$topic};
+	my $msgs = wait_for_broker($mock, $topic, sub {
+		my $seen = event_ids_at_broker(shift);
+		!grep { !$seen->{$_} } keys %$want }, "every committed event of $topic at the broker");
+	my $seen = event_ids_at_broker($msgs);
+	is_deeply([ sort keys %$seen ], [ sort keys %$want ],
+		"the broker holds exactly the committed events of $topic");
+	is(scalar(@$msgs), scalar(keys %$want), "$topic: no event was sent twice");
+	is_deeply(first_occurrences($msgs), committed_ids($node, "topic = '$topic'"),
+		"$topic: per key, broker order equals enqueue order");
+}
