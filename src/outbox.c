@@ -21,6 +21,11 @@
  * No cursor ("ids after the last one seen") is kept, so an event whose
  * transaction commits late is found by the next claim like any other.
  *
+ * The claimed ids are gathered into an array before the UPDATE looks them
+ * up by primary key, so the candidate query runs once per claim whatever
+ * plan the kept statement ends up with (a join against it can turn into a
+ * nested loop that re-runs it for every unpublished row).
+ *
  * The blocked keys come from outbox_events_active_idx, which holds only the
  * unpublished events that are leased or have failed (usually a handful,
  * however long the queue; after an outage, the events that failed until
@@ -85,8 +90,8 @@ static const char *claim_sql =
 	"     SET lease_id = $1, lease_owner = $2,"
 	"         lease_until = now() + make_interval(secs => $5),"
 	"         attempts = u.attempts + 1"
-	"    FROM claimable c"
-	"   WHERE u.id = c.id AND u.published_at IS NULL"
+	"   WHERE u.id = ANY (ARRAY(SELECT c.id FROM claimable c))"
+	"     AND u.published_at IS NULL"
 	"  RETURNING u.seq, u.id, u.topic, u.event_key, u.payload::text,"
 	"            u.event_type, u.attempts,"
 	"            (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
