@@ -377,13 +377,7 @@ sub broker_holds
 {
 	my ($topic) = @_;
 	my $want = $committed{$topic};
-	my $msgs = wait_for_broker($mock, $topic, sub {
-		my $seen = event_ids_at_broker(shift);
-		!grep { !$seen->{$_} } keys %$want }, "every committed event of $topic at the broker");
-	my $seen = event_ids_at_broker($msgs);
-	is_deeply([ sort keys %$seen ], [ sort keys %$want ],
-		"the broker holds exactly the committed events of $topic");
+	my $msgs = broker_holds_exactly($mock, $node, $topic, [ keys %$want ],
+		"topic = '$topic'");
 	is(scalar(@$msgs), scalar(keys %$want), "$topic: no event was sent twice");
-	is_deeply(first_occurrences($msgs), committed_ids($node, "topic = '$topic'"),
-		"$topic: per key, broker order equals enqueue order");
 }

@@ -20,7 +20,7 @@ use Time::HiRes qw(usleep time);
 
 our @EXPORT = qw(start_mock mock_cmd obx_node read_topic wait_for_broker
   wait_until all_published event_ids_at_broker first_occurrences
-  committed_ids relay_pids);
+  committed_ids relay_pids broker_holds_exactly);
 
 my @mocks;
 
@@ -140,6 +140,23 @@ sub wait_for_broker
 	my ($mock, $topic, $cond, $what) = @_;
 	my $msgs;
 	wait_until(sub { $msgs = read_topic($mock, $topic); $cond->($msgs) }, $what);
+	return $msgs;
+}
+
+# broker_holds_exactly($mock, $node, $topic, \@ids, $where): wait until
+# every id is at the broker, then check that the broker's set of event ids
+# is exactly @ids and that, per key, the broker order (first copies) is the
+# enqueue order of committed_ids($node, $where).  Returns the messages.
+sub broker_holds_exactly
+{
+	my ($mock, $node, $topic, $ids, $where) = @_;
+	my $msgs = wait_for_broker($mock, $topic, sub {
+		my $seen = event_ids_at_broker(shift);
+		!grep { !$seen->{$_} } @$ids }, "every committed event of $topic at the broker");
+	is_deeply([ sort keys %{ event_ids_at_broker($msgs) } ], [ sort @$ids ],
+		"the broker holds exactly the committed events of $topic");
+	is_deeply(first_occurrences($msgs), committed_ids($node, $where),
+		"$topic: per key, broker order equals enqueue order");
 	return $msgs;
 }
 
