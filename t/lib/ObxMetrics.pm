@@ -218,7 +218,7 @@ sub wait_for
 	while (time() < $deadline)
 	{
 		return 1 if $cond->();
-		usleep(100_000);
+		usleep(100_000);    # poll interval of this condition wait
 	}
 	note("gave up waiting for $what");
 	return 0;

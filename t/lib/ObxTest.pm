@@ -103,7 +103,7 @@ sub wait_until
 	while (time() < $deadline)
 	{
 		return 1 if $cond->();
-		usleep(50_000);
+		usleep(50_000);    # poll interval of this condition wait
 	}
 	fail("timed out waiting for $what");
 	return 0;
