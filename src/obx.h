@@ -168,6 +168,7 @@ extern int obx_outbox_record(ObxBatch *batch);
 extern int obx_outbox_renew(ObxBatch *batch);
 extern int64 obx_outbox_release_orphans(int worker);
 extern int64 obx_outbox_purge(void);
+extern void obx_outbox_analyze(void);
 
 /* kafka.c: no transaction or SPI calls in it */
 typedef struct ObxProducer ObxProducer;

@@ -607,6 +607,28 @@ obx_outbox_renew(ObxBatch *batch)
 }
 
 /*
+ * obx_outbox_analyze
+ *		Refresh the planner's statistics of the outbox, in a short
+ *		transaction of its own.
+ *
+ * Every relay statement is planned from them.  After a burst (a backlog
+ * that built up during an outage, a bulk enqueue, a replay) they still say
+ * that next to nothing is unpublished until autovacuum's next visit, and
+ * the claim and the record then scan the whole backlog on every batch.
+ */
+void
+obx_outbox_analyze(void)
+{
+	MemoryContext caller = begin_step("obx: analyzing the outbox");
+	int rc;
+
+	rc = SPI_execute("ANALYZE obx.outbox_events", false, 0);
+	if (rc != SPI_OK_UTILITY)
+		elog(ERROR, "obx could not analyze the outbox: %s", SPI_result_code_string(rc));
+	end_step(caller);
+}
+
+/*
  * obx_outbox_purge
  *		Delete up to OBX_PURGE_BATCH published events older than
  *		obx.retention, and as many dedupe rows older than

@@ -33,6 +33,9 @@
 #define OBX_PURGE_INTERVAL_MS 10000
 #define OBX_PRODUCER_RETRY_MS 5000
 
+/* While claims come back full, refresh the outbox's statistics this often. */
+#define OBX_ANALYZE_INTERVAL_MS 60000
+
 static int my_worker = -1;
 static ObxProducer *producer = NULL;
 static bool rebuild_producer = false;
@@ -271,6 +274,7 @@ obx_relay_main(Datum main_arg)
 	int64 released;
 	bool said_waiting = false;
 	TimestampTz next_purge = 0;
+	TimestampTz next_analyze = 0;
 	TimestampTz next_producer_try = 0;
 
 	my_worker = DatumGetInt32(main_arg);
@@ -379,7 +383,20 @@ obx_relay_main(Datum main_arg)
 		claimed_since = GetCurrentTimestamp();
 		if (obx_outbox_claim(&batch, my_worker))
 		{
+			bool full = (batch.nevents >= obx_batch_size);
+
 			publish_batch(&batch, claimed_since);
+
+			/*
+			 * A full batch means a backlog, which the statistics the relay's
+			 * statements are planned from may not have seen yet.
+			 */
+			if (full && GetCurrentTimestamp() >= next_analyze)
+			{
+				obx_outbox_analyze();
+				next_analyze = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														   OBX_ANALYZE_INTERVAL_MS);
+			}
 			continue;
 		}
 
