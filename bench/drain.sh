@@ -1,0 +1,152 @@
+# bench/drain.sh: sourced by bench/run.  Benchmark 1, drain rate.
+#
+# DRAIN_EVENTS events (~180-byte payloads, 10,000 keys drawn at random) are
+# enqueued while the relay is paused (obx.workers = 0).  Then, on the same
+# rows:
+#   - UPDATE baseline: a copy of the pending rows is marked published by a
+#     plpgsql loop of one UPDATE ... FROM unnest(ids) per obx.batch_size
+#     rows in seq order, one commit per batch (bench.mark_published_baseline);
+#   - librdkafka baseline: bench/produce_baseline produces the same
+#     messages (key, payload, event_id header) to the same stand-in with
+#     obx's producer settings, and waits for every delivery report;
+#   - obx: the server restarts with obx's defaults (2 relay workers); the
+#     time runs from the relay workers' start (obx.workers.started_at) to
+#     the first 50 ms poll that finds every event published.
+#
+# The outbox is analyzed before the drain (as autovacuum would have done
+# during a long outage).  DRAIN_STALE_STATS=1 instead starts from an outbox
+# of published rows analyzed before the backlog built up, and does not
+# analyze it again: recovery from a backlog the statistics have not seen.
+
+bench_drain()
+{
+	local n=${DRAIN_EVENTS:-200000}
+	local timeout=${DRAIN_TIMEOUT:-900}
+	local batch enqueue_s avg_len
+
+	echo
+	echo "== 1. drain rate: $n events enqueued with the relay paused, then published (load average $(machine_load))"
+
+	pg_phase "obx.workers = 0"
+	if [ "${DRAIN_STALE_STATS:-0}" = 1 ]; then
+		# The outbox as production has it before an outage: published rows,
+		# analyzed with nothing pending.  The backlog then builds up unseen
+		# by the statistics.
+		reset_outbox
+		echo "DRAIN_STALE_STATS=1: the outbox holds ${BENCH_SEED_ROWS:-50000} published rows, analyzed before the backlog; not analyzed again before the drain"
+	else
+		sql -c "TRUNCATE obx.outbox_events, bench.plain_outbox"
+	fi
+	sql -c "DROP TABLE IF EXISTS bench.update_baseline" -c "DELETE FROM bench.result" >/dev/null 2>&1
+	batch=$(sql_value "SHOW obx.batch_size")
+
+	enqueue_s=$(sql -tA -c "SELECT setseed(0.42)" -c "
+		CREATE TEMP TABLE t AS SELECT clock_timestamp() AS t0;
+		SELECT count(obx.enqueue('bench.drain', 'cus_' || lpad(k::text, 5, '0'), bench.make_payload(i, k)))
+		  FROM (SELECT i, floor(random() * 10000)::int AS k FROM generate_series(1, $n) i) s;
+		SELECT round(extract(epoch FROM clock_timestamp() - t0)::numeric, 2) FROM t" | tail -1)
+	avg_len=$(sql_value "SELECT round(avg(length(payload::text))) || ' bytes, ' || count(DISTINCT event_key) || ' keys' FROM obx.outbox_events WHERE published_at IS NULL")
+	echo "enqueued $n events in ${enqueue_s}s (one statement); payload as sent: $avg_len"
+
+	# The same rows, for the two baselines.
+	sql -c "CREATE TABLE bench.update_baseline (LIKE obx.outbox_events INCLUDING ALL)" \
+		-c "INSERT INTO bench.update_baseline SELECT * FROM obx.outbox_events WHERE published_at IS NULL ORDER BY seq" \
+		-c "\\copy (SELECT event_key, id, payload::text FROM obx.outbox_events WHERE published_at IS NULL ORDER BY seq) TO '$work/messages.tsv'"
+	if [ "${DRAIN_STALE_STATS:-0}" = 1 ]; then
+		sql -c "VACUUM ANALYZE bench.update_baseline" -c "CHECKPOINT"
+	else
+		sql -c "VACUUM ANALYZE obx.outbox_events" -c "VACUUM ANALYZE bench.update_baseline" -c "CHECKPOINT"
+	fi
+
+	# Baseline 1: batched UPDATEs, no Kafka.
+	sql -c "CALL bench.mark_published_baseline($batch)"
+	local upd_s
+	upd_s=$(sql_value "SELECT seconds FROM bench.result WHERE name = 'update_baseline' AND events = $n")
+	[ -n "$upd_s" ] || {
+		echo "bench: the UPDATE baseline did not mark $n rows" >&2
+		return 1
+	}
+	sql -c "CHECKPOINT"
+
+	# Baseline 2: librdkafka alone, no database.
+	local rk_out rk_s
+	rk_out=$("$here/produce_baseline" -b "$brokers" -t bench.drain.librdkafka -f "$work/messages.tsv")
+	rk_s=$(sed -n 's/.*seconds=\([0-9.]*\).*/\1/p' <<<"$rk_out")
+	grep -q "delivered=$n failed=0" <<<"$rk_out" || {
+		echo "bench: librdkafka baseline: $rk_out" >&2
+		return 1
+	}
+
+	# obx: restart with the default relay and poll until nothing is pending.
+	pg_phase
+	statements_reset
+	local t0 t_end line
+	t_end=$(drain_poll "$n" "$timeout") || {
+		echo "bench: obx did not drain $n events within ${timeout}s; $(sql_value "SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL") still pending" >&2
+		return 1
+	}
+	t0=$(sql_value "SELECT extract(epoch FROM min(started_at)) FROM obx.workers")
+	local obx_s relay_s
+	obx_s=$(calc "$t_end - $t0" 3)
+	relay_s=$(sql_value "SELECT round(extract(epoch FROM max(published_at))::numeric - $t0, 3) FROM obx.outbox_events WHERE topic = 'bench.drain'")
+	local check
+	check=$(sql_value "SELECT count(*) FILTER (WHERE kafka_offset IS NOT NULL) || ' rows with a partition and offset, ' || count(DISTINCT (kafka_partition, kafka_offset)) || ' distinct' FROM obx.outbox_events WHERE topic = 'bench.drain'")
+
+	local obx_rate upd_rate rk_rate
+	obx_rate=$(calc "$n / $obx_s" 0)
+	upd_rate=$(calc "$n / $upd_s" 0)
+	rk_rate=$(calc "$n / $rk_s" 0)
+
+	{
+		echo "measure | seconds | events/s | obx / measure (events/s)"
+		echo "obx relay: workers start -> all published (50 ms poll) | $obx_s | $obx_rate | 1.00"
+		echo "baseline: batched UPDATE ... FROM unnest, $batch rows/commit, no Kafka | $(calc "$upd_s" 3) | $upd_rate | $(calc "$obx_rate / $upd_rate")"
+		echo "baseline: librdkafka alone (idempotent, acks=all), no database | $(calc "$rk_s" 3) | $rk_rate | $(calc "$obx_rate / $rk_rate")"
+	} | table
+	echo "obx check: $check; relay start -> last published_at: ${relay_s}s"
+	local ratio
+	ratio=$(calc "$obx_rate / $upd_rate")
+	echo "target: obx drain ≥ 80% of the UPDATE baseline: $(calc "100 * $ratio" 0)% — $(verdict "$(awk "BEGIN { print ($ratio >= 0.80) }")")"
+
+	statements_print
+	sql -c "DROP TABLE bench.update_baseline" >/dev/null
+}
+
+# drain_poll N TIMEOUT: poll every 50 ms until all N events are published;
+# prints the server's clock (epoch seconds) at the poll that saw it.  The
+# poll reads the relay's shared-memory counters (obx.workers, bumped after
+# each batch's marking commits), which costs the server nothing; once they
+# reach N, count(*) FILTER (WHERE published_at IS NULL) = 0 on the table
+# confirms it (a re-sent event would count twice; then polling goes on).
+drain_poll()
+{
+	local n=$1 timeout=$2
+	local deadline=$((SECONDS + timeout))
+	local poll_in poll_out poll_pid line count at seen pending
+	coproc POLL { obx_as_postgres psql -X -qAt -h "$work" -p "$port" -U postgres -d bench 2>&1; }
+	poll_pid=$POLL_PID
+	poll_in=${POLL[1]}
+	poll_out=${POLL[0]}
+	bench_jobs="$bench_jobs $poll_pid"
+	while [ $SECONDS -lt $deadline ]; do
+		echo "SELECT coalesce(sum(published), 0), extract(epoch FROM clock_timestamp()) FROM obx.workers;" >&"$poll_in"
+		read -r line <&"$poll_out"
+		count=${line%%|*}
+		at=${line##*|}
+		if [ "$count" -ge "$n" ] 2>/dev/null; then
+			seen=$at
+			echo "SELECT count(*) FILTER (WHERE published_at IS NULL) FROM obx.outbox_events;" >&"$poll_in"
+			read -r pending <&"$poll_out"
+			if [ "$pending" = 0 ]; then
+				echo "$seen"
+				exec {poll_in}>&-
+				wait "$poll_pid" 2>/dev/null || true
+				return 0
+			fi
+		fi
+		sleep 0.05
+	done
+	exec {poll_in}>&-
+	wait "$poll_pid" 2>/dev/null || true
+	return 1
+}

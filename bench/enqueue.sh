@@ -1,0 +1,104 @@
+# bench/enqueue.sh: sourced by bench/run.  Benchmark 2, enqueue cost.
+#
+# pgbench with 2 x cores clients runs transactions of one obx.enqueue
+# (pgbench/enqueue_obx.sql) and the same transaction with a plain INSERT of
+# the same row into bench.plain_outbox, a table with the outbox's columns,
+# defaults and indexes but no obx (pgbench/enqueue_plain.sql).  Each run
+# lasts ENQUEUE_SECONDS; before each, both tables are reset to the same
+# 50,000 published rows (reset_outbox in lib.sh); runs go obx, plain, plain, obx
+# so that a drift of the machine's load hits both sides alike, and each
+# side's figure is the mean of its two runs.
+#
+# Three settings, 4 runs each:
+#   - relay paused (obx.workers = 0): the cost of the enqueue call itself,
+#     in a durable transaction (the commit waits for its WAL flush);
+#   - relay paused, synchronous_commit = off for the pgbench sessions: the
+#     same without the WAL flush wait, which otherwise hides CPU costs;
+#   - relay running (obx's defaults): what the application sees when the
+#     relay publishes its events on the same 2 cores at the same time.  The
+#     plain runs have the relay idle.  The backlog the relay had left when
+#     each obx run ended, and how long it then took to publish it, are
+#     shown (the next run starts after that; ENQUEUE_SETTLE_TIMEOUT, 60 s).
+
+bench_enqueue()
+{
+	local secs=${ENQUEUE_SECONDS:-10}
+	local cores clients threads
+	cores=$(nproc)
+	clients=${ENQUEUE_CLIENTS:-$((2 * cores))}
+	threads=$((clients < cores ? clients : cores))
+
+	echo
+	echo "== 2. enqueue cost: pgbench, $clients clients, ${secs}s per run, one event per transaction (load average $(machine_load))"
+
+	local rows="" config relay pgoptions
+	for config in paused paused_async running; do
+		relay=${config%_async}
+		pgoptions=""
+		[ $config = paused_async ] && pgoptions="-c synchronous_commit=off"
+		# Reset first: a restart with the relay on must not find the
+		# previous runs' unpublished events.
+		reset_outbox
+		if [ $config = paused ]; then
+			pg_phase "obx.workers = 0"
+		elif [ $config = running ]; then
+			pg_phase
+		fi
+		local kind obx_sum=0 plain_sum=0 obx_tps_sum=0 plain_tps_sum=0 backlog="" settle=""
+		for kind in obx plain plain obx; do
+			reset_outbox
+			local out lat tps
+			out=$(PGOPTIONS="$pgoptions" run_pgbench -c "$clients" -j "$threads" -T "$secs" -M prepared \
+				-f "$here/pgbench/enqueue_$kind.sql" 2>&1) || {
+				echo "$out" >&2
+				return 1
+			}
+			lat=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' <<<"$out")
+			tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")
+			if [ -z "$lat" ] || [ -z "$tps" ]; then
+				echo "bench: could not read pgbench's output:" >&2
+				echo "$out" >&2
+				return 1
+			fi
+			if [ $kind = obx ]; then
+				obx_sum=$(calc "$obx_sum + $lat" 4)
+				obx_tps_sum=$(calc "$obx_tps_sum + $tps" 1)
+				if [ $relay = running ]; then
+					backlog="$backlog, $(sql_value "SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL")"
+					settle="$settle, $(settle_relay "${ENQUEUE_SETTLE_TIMEOUT:-60}" || true)"
+				fi
+			else
+				plain_sum=$(calc "$plain_sum + $lat" 4)
+				plain_tps_sum=$(calc "$plain_tps_sum + $tps" 1)
+			fi
+		done
+		local obx_ms plain_ms ratio label note="-"
+		obx_ms=$(calc "$obx_sum / 2" 3)
+		plain_ms=$(calc "$plain_sum / 2" 3)
+		ratio=$(calc "$obx_ms / $plain_ms")
+		case $config in
+		paused) label="relay paused" ;;
+		paused_async)
+			label="relay paused, synchronous_commit = off"
+			note="no WAL flush wait: shows the CPU cost"
+			;;
+		running)
+			label="relay running (obx defaults)"
+			note="relay backlog when each obx run ended: ${backlog#, } events; published within ${settle#, } s"
+			;;
+		esac
+		rows="$rows
+$label | $obx_ms | $(calc "$obx_tps_sum / 2" 0) | $plain_ms | $(calc "$plain_tps_sum / 2" 0) | $ratio | $note"
+		eval "ratio_$config=$ratio"
+	done
+
+	{
+		echo "setting | obx.enqueue ms/txn | obx txn/s | plain INSERT ms/txn | plain txn/s | obx / plain (ms/txn) | note"
+		echo "${rows#?}"
+	} | table
+	local c
+	for c in paused paused_async running; do
+		eval "ratio=\$ratio_$c"
+		echo "target: obx ≤ 1.15x the plain INSERT's time per transaction, ${c/_async/ with synchronous_commit = off}: ${ratio}x — $(verdict "$(awk "BEGIN { print ($ratio <= 1.15) }")")"
+	done
+}

@@ -1,0 +1,139 @@
+# bench/latency.sh: sourced by bench/run.  Benchmark 3, end-to-end latency.
+#
+# For each rate in LATENCY_RATES (events/s), pgbench --rate runs one event
+# per transaction for LATENCY_SECONDS (pgbench/latency.sql, 16 clients
+# (LATENCY_CLIENTS) so that commits waiting for their WAL flush do not hold
+# the rate back; --rate spaces transactions by a Poisson schedule at that mean rate)
+# against obx with its defaults, on an outbox reset to 50,000 published
+# rows (reset_outbox in lib.sh), after a 3 s warm-up on the same topic
+# that is not measured.  Each payload
+# carries its transaction id; with track_commit_timestamp on, its commit
+# time is pg_xact_commit_timestamp(xid), taken when the commit record is
+# written (before its WAL flush).
+#
+# What the broker's append time is, honestly: the stand-in (librdkafka's
+# mock cluster) stores record batches as the producer sent them and answers
+# LogAppendTime with a constant, so a message's Kafka timestamp is the
+# producer's CreateTime, i.e. when the relay handed the event to
+# librdkafka (read back with kcat, %T, millisecond resolution).  The
+# append happens after that and before the acknowledgement, and the relay
+# writes published_at (the start of the transaction that records a batch)
+# after the acknowledgements of the whole batch arrived.  So:
+#     commit → CreateTime   <=   commit → broker append   <=   commit → published_at
+# Both bounds are printed; the target is judged on the upper one.
+#
+# Baseline: bench/produce_baseline in paced mode, the same rate, messages
+# and producer settings with no database: produce call → delivery report.
+
+bench_latency()
+{
+	local secs=${LATENCY_SECONDS:-20}
+	local rates=${LATENCY_RATES:-500 2000}
+	local cores clients threads
+	cores=$(nproc)
+	clients=${LATENCY_CLIENTS:-16}
+	threads=$((clients < cores ? clients : cores))
+
+	echo
+	echo "== 3. end-to-end latency: one event per transaction at a steady rate, ${secs}s per rate (load average $(machine_load))"
+
+	pg_phase "track_commit_timestamp = on"
+	ensure_messages
+
+	local rows="" rate verdict_line=""
+	for rate in $rates; do
+		local topic=bench.latency.$rate
+		sed "s/TOPIC/$topic/" "$here/pgbench/latency.sql" >"$work/latency_$rate.sql"
+		chmod 644 "$work/latency_$rate.sql"
+
+		reset_outbox
+
+		# Warm-up on the same topic, not measured: the relay's producers
+		# learn the new topic's metadata (the first message to a topic a
+		# producer has not seen waits for it), as they would have long
+		# since in production.
+		run_pgbench -c "$clients" -j "$threads" -R "$rate" -T 3 -M prepared \
+			-f "$work/latency_$rate.sql" >/dev/null 2>&1 || true
+		settle_relay 120 >/dev/null || true
+		local seq0
+		seq0=$(sql_value "$last_seq_sql")
+		statements_reset
+
+		# The load, with the relay's backlog sampled every second.
+		local out tps lag pgb peak=0 pending
+		run_pgbench -c "$clients" -j "$threads" -R "$rate" -T "$secs" -M prepared \
+			-f "$work/latency_$rate.sql" >"$work/latency_$rate.log" 2>&1 &
+		pgb=$!
+		bench_jobs="$bench_jobs $pgb"
+		while kill -0 "$pgb" 2>/dev/null; do
+			sleep 1 # the backlog's sampling period
+			pending=$(sql_value "SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL AND seq > $seq0")
+			[ "$pending" -gt "$peak" ] && peak=$pending
+		done
+		wait "$pgb" || {
+			cat "$work/latency_$rate.log" >&2
+			return 1
+		}
+		out=$(cat "$work/latency_$rate.log")
+		tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")
+		lag=$(sed -n 's/^rate limit schedule lag: avg \([0-9.]*\) .*/\1/p' <<<"$out")
+
+		local settled unpublished=""
+		settled=$(settle_relay "${LATENCY_SETTLE_TIMEOUT:-120}") ||
+			unpublished=" (not all published $settled; those count as infinitely late)"
+		statements_print
+
+		# Read the topic back: CreateTime (ms) and the event_id header.
+		kcat -C -b "$brokers" -t "$topic" -o beginning -e -q -f '%T\t%h\n' >"$work/kafka_$rate.tsv" 2>"$work/kcat_$rate.log" || true
+		chmod 644 "$work/kafka_$rate.tsv"
+
+		local res
+		res=$(sql -tA -F' ' -P null=- -c "CREATE TEMP TABLE k (ts_ms bigint, headers text)" \
+			-c "\\copy k FROM '$work/kafka_$rate.tsv'" \
+			-c "
+			WITH ev AS (
+				SELECT e.id, e.published_at,
+					   pg_xact_commit_timestamp((((e.payload->>'xid')::bigint % 4294967296)::text)::xid) AS committed
+				  FROM obx.outbox_events e WHERE e.topic = '$topic' AND e.seq > $seq0),
+			kk AS (
+				SELECT substring(headers FROM 'event_id=([0-9a-f-]{36})')::uuid AS id, min(ts_ms) AS ts_ms
+				  FROM k GROUP BY 1),
+			l AS (
+				SELECT coalesce(extract(epoch FROM ev.published_at - ev.committed)::float8 * 1000, 'Infinity') AS up,
+					   kk.ts_ms - extract(epoch FROM ev.committed) * 1000 AS low
+				  FROM ev LEFT JOIN kk USING (id))
+			SELECT count(*), count(low),
+				   round(percentile_disc(0.5) WITHIN GROUP (ORDER BY up)::numeric, 1),
+				   round(percentile_disc(0.99) WITHIN GROUP (ORDER BY up)::numeric, 1),
+				   round(max(up)::numeric, 1),
+				   round(percentile_disc(0.5) WITHIN GROUP (ORDER BY low)::numeric, 1),
+				   round(percentile_disc(0.99) WITHIN GROUP (ORDER BY low)::numeric, 1),
+				   round(max(low)::numeric, 1)
+			  FROM l" | tail -1)
+		local events matched up50 up99 upmax lo50 lo99 lomax
+		read -r events matched up50 up99 upmax lo50 lo99 lomax <<<"$res"
+
+		local base b50 b99 bmax
+		base=$("$here/produce_baseline" -b "$brokers" -t "$topic.librdkafka" -f "$work/messages.tsv" -r "$rate" -d "$secs") || {
+			echo "bench: librdkafka latency baseline: $base" >&2
+			return 1
+		}
+		b50=$(sed -n 's/.*p50_ms=\([0-9.]*\).*/\1/p' <<<"$base")
+		b99=$(sed -n 's/.*p99_ms=\([0-9.]*\).*/\1/p' <<<"$base")
+		bmax=$(sed -n 's/.*max_ms=\([0-9.]*\).*/\1/p' <<<"$base")
+
+		rows="$rows
+$rate/s (achieved $(calc "$tps" 0)/s, $events events$unpublished, peak backlog $peak, client lag avg ${lag:-?} ms) | commit -> published_at (upper bound) | $up50 | $up99 | $upmax | $(ratio "$up99" "$b99")
+ | commit -> Kafka CreateTime (lower bound; $matched of $events read back) | $lo50 | $lo99 | $lomax | $(ratio "$lo99" "$b99")
+ | baseline: librdkafka alone, produce -> ack | $b50 | $b99 | $bmax | 1.00"
+		if [ "$rate" = 2000 ]; then
+			verdict_line="target: p99 ≤ 20 ms at 2,000 events/s: commit → published_at p99 $up99 ms — $(verdict "$(awk -v v="$up99" 'BEGIN { print (v ~ /^[0-9.]+$/ && v <= 20) }')") (lower bound, commit → CreateTime, p99 $lo99 ms)"
+		fi
+	done
+
+	{
+		echo "rate | measure | p50 ms | p99 ms | max ms | p99 / baseline p99"
+		echo "${rows#?}"
+	} | table
+	echo "${verdict_line:-target: p99 ≤ 20 ms at 2,000 events/s — not measured (2000 not in LATENCY_RATES)}"
+}

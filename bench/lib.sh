@@ -1,0 +1,293 @@
+# bench/lib.sh: sourced by bench/run.  The throwaway PostgreSQL and Kafka
+# stand-in the benchmarks run against, SQL helpers, arithmetic and the
+# table printer.  Nothing here measures anything.
+#
+# Globals set by bench_start: work (temporary directory), port, brokers,
+# mock_pid.  bench_stop undoes everything bench_start did.
+
+work=""
+port=${BENCH_PORT:-55439}
+brokers=""
+mock_pid=""
+pg_started=0
+# PIDs of background jobs a benchmark started; bench_stop ends them.
+bench_jobs=""
+
+# Wait for a condition, polling every 0.1 s, at most $1 seconds.
+wait_for()
+{
+	local secs=$1 what=$2
+	shift 2
+	local deadline=$((SECONDS + secs))
+	while [ $SECONDS -lt $deadline ]; do
+		"$@" >/dev/null 2>&1 && return 0
+		sleep 0.1 # poll interval of a condition wait
+	done
+	echo "bench: timed out after ${secs}s waiting for $what" >&2
+	return 1
+}
+
+bench_start()
+{
+	work=$(obx_workdir bench)
+
+	"$root/tools/obx-kafka-mock" --state-file "$work/mock.state" </dev/null >"$work/mock.log" 2>&1 &
+	mock_pid=$!
+	wait_for 30 "the Kafka stand-in" test -f "$work/mock.state"
+	brokers=$(sed -n 's/^bootstrap=//p' "$work/mock.state")
+
+	local preload="obx"
+	[ "${BENCH_STATEMENTS:-0}" = 1 ] && preload="obx,pg_stat_statements"
+
+	obx_as_postgres initdb -D "$work/data" -A trust -U postgres >"$work/initdb.log"
+	cat >>"$work/data/postgresql.conf" <<EOF
+# bench/run: a throwaway server, reachable on its Unix socket only.
+listen_addresses = ''
+port = $port
+unix_socket_directories = '$work'
+shared_preload_libraries = '$preload'
+obx.brokers = '$brokers'
+obx.database = 'bench'
+# The same for obx and every baseline: enough cache for the data sets, and
+# no checkpoint in the middle of a timed run (each run starts after one).
+shared_buffers = 512MB
+max_wal_size = 8GB
+checkpoint_timeout = 30min
+log_line_prefix = '%m [%p] '
+# Per-benchmark settings (obx.workers, ...): rewritten by pg_phase.
+include_if_exists = 'bench_phase.conf'
+EOF
+	obx_as_postgres touch "$work/data/bench_phase.conf"
+	obx_as_postgres pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
+	pg_started=1
+	sql -d postgres -c "CREATE DATABASE bench" >/dev/null
+	sql -f "$here/sql/setup.sql" >/dev/null
+	[ "${BENCH_STATEMENTS:-0}" = 1 ] && sql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+	return 0
+}
+
+bench_stop()
+{
+	local pid
+	for pid in $bench_jobs; do
+		kill "$pid" 2>/dev/null || true
+	done
+	pg_stop || true
+	if [ -n "$mock_pid" ]; then
+		kill "$mock_pid" 2>/dev/null || true
+		wait "$mock_pid" 2>/dev/null || true
+		mock_pid=""
+	fi
+}
+
+# pg_phase SETTING...: restart the server with exactly these per-benchmark
+# settings (each a "name = value" line) on top of the fixed ones.  No
+# setting means obx's defaults (2 relay workers, ...).
+pg_phase()
+{
+	local line
+	: >"$work/phase.tmp"
+	for line in "$@"; do
+		echo "$line" >>"$work/phase.tmp"
+	done
+	# BENCH_SETTINGS: extra lines for every phase, ";"-separated, e.g.
+	# BENCH_SETTINGS="obx.kafka_properties = 'linger.ms=0'" (then the figures
+	# are no longer obx's defaults; bench/run prints them).
+	if [ -n "${BENCH_SETTINGS:-}" ]; then
+		tr ';' '\n' <<<"$BENCH_SETTINGS" >>"$work/phase.tmp"
+	fi
+	obx_as_postgres cp "$work/phase.tmp" "$work/data/bench_phase.conf"
+	pg_stop
+	obx_as_postgres pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
+	pg_started=1
+}
+
+# pg_stop [immediate]: a fast shutdown; if the server has not stopped
+# after 60 s (a relay worker that does not exit), say so and stop it
+# immediately.  With "immediate", stop it immediately at once.
+pg_stop()
+{
+	[ "$pg_started" = 1 ] || return 0
+	if [ "${1:-}" = immediate ]; then
+		obx_as_postgres pg_ctl -D "$work/data" -m immediate -w stop >/dev/null
+	elif ! obx_as_postgres pg_ctl -D "$work/data" -m fast -w -t 60 stop >/dev/null 2>&1; then
+		echo "bench: WARNING: the server did not stop within 60 s of a fast shutdown request; stopping it with -m immediate" >&2
+		ps -o pid,etime,time,args --ppid "$(head -1 "$work/data/postmaster.pid")" >&2 || true
+		obx_as_postgres pg_ctl -D "$work/data" -m immediate -w stop >/dev/null
+	fi
+	pg_started=0
+}
+
+sql()
+{
+	obx_as_postgres psql -X -q -v ON_ERROR_STOP=1 -h "$work" -p "$port" -U postgres -d bench "$@"
+}
+
+# sql_value QUERY: the single value a query returns.
+sql_value()
+{
+	sql -tA -c "$1"
+}
+
+run_pgbench()
+{
+	obx_as_postgres pgbench -n -h "$work" -p "$port" -U postgres "$@" bench
+}
+
+# Succeeds when no event in the outbox is unpublished.
+nothing_pending()
+{
+	[ "$(sql_value "SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL")" = 0 ]
+}
+
+# settle_relay TIMEOUT: wait until the relay has published everything,
+# polling every 0.2 s; prints the seconds it took, or "not after TIMEOUT s
+# (N pending)".  When the relay did not make it, the server is stopped
+# immediately and started again with the same settings (a relay stuck in a
+# statement would otherwise block the next TRUNCATE, and shutdown), and the
+# status is 1.
+settle_relay()
+{
+	local timeout=$1 start=$EPOCHREALTIME pending
+	local deadline=$((SECONDS + timeout))
+	while [ $SECONDS -lt $deadline ]; do
+		pending=$(sql_value "SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL")
+		if [ "$pending" = 0 ]; then
+			calc "$EPOCHREALTIME - $start" 1
+			return 0
+		fi
+		sleep 0.2
+	done
+	echo "not after ${timeout} s ($pending pending)"
+	echo "bench: WARNING: the relay left $pending events unpublished for ${timeout} s; restarting the server (-m immediate)" >&2
+	pg_stop immediate
+	obx_as_postgres pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
+	pg_started=1
+	return 1
+}
+
+# reset_outbox [ROWS [SPREAD]]: empty obx.outbox_events and
+# bench.plain_outbox, put ROWS (default BENCH_SEED_ROWS, 50,000)
+# already-published events of topic bench.seed in each (published over the
+# last SPREAD seconds, default 3600), analyze both, all in one transaction,
+# then write the dirty pages out.  A production outbox is never empty: it holds what
+# obx.retention keeps, and autovacuum has analyzed it.  Starting each run
+# from that state (rather than from an empty, never-analyzed table, which
+# the relay would plan its statements for; see docs/benchmarks.md) keeps
+# the runs comparable and realistic.
+reset_outbox()
+{
+	local n=${1:-${BENCH_SEED_ROWS:-50000}} spread=${2:-3600}
+	sql >/dev/null <<EOF
+BEGIN;
+TRUNCATE obx.outbox_events, bench.plain_outbox;
+CREATE TEMP TABLE seed ON COMMIT DROP AS
+SELECT gen_random_uuid() AS id, -i AS seq, 'cus_' || lpad(k::text, 5, '0') AS event_key,
+	   bench.make_payload(i, k) AS payload,
+	   now() - make_interval(secs => $spread * (1 - i::float8 / $n)) AS published_at
+  FROM (SELECT i, floor(random() * 10000)::int AS k FROM generate_series(1, $n) i) s;
+INSERT INTO obx.outbox_events (id, seq, aggregate_id, topic, event_key, payload,
+							   occurred_at, published_at, attempts, kafka_partition, kafka_offset)
+SELECT id, seq, event_key, 'bench.seed', event_key, payload, published_at, published_at, 1, 0, -seq FROM seed;
+INSERT INTO bench.plain_outbox (id, seq, aggregate_id, topic, event_key, payload,
+								occurred_at, published_at, attempts, kafka_partition, kafka_offset)
+SELECT id, seq, event_key, 'bench.seed', event_key, payload, published_at, published_at, 1, 0, -seq FROM seed;
+ANALYZE obx.outbox_events;
+ANALYZE bench.plain_outbox;
+COMMIT;
+CHECKPOINT;
+EOF
+}
+
+# calc EXPR: floating-point arithmetic (awk), printed with %.${2:-2}f.
+calc()
+{
+	awk "BEGIN { v = $1; printf \"%.${2:-2}f\", v }"
+}
+
+# ratio A B: A / B with two decimals, or "-" when either is not a number.
+ratio()
+{
+	awk -v a="$1" -v b="$2" 'BEGIN {
+		if (a !~ /^-?[0-9.]+$/ || b !~ /^-?[0-9.]+$/ || b + 0 == 0) print "-"
+		else printf "%.2f", a / b
+	}'
+}
+
+# verdict OK TEXT: "met" or "not met" after a target's description.
+verdict()
+{
+	if [ "$1" = 1 ]; then
+		echo "met"
+	else
+		echo "NOT met"
+	fi
+}
+
+# table: print "|"-separated rows from stdin as an aligned Markdown table;
+# the first row is the header.
+table()
+{
+	awk -F'|' '
+	{
+		rows[NR] = $0
+		for (i = 1; i <= NF; i++) {
+			gsub(/^ +| +$/, "", $i)
+			cell[NR, i] = $i
+			if (length($i) > w[i]) w[i] = length($i)
+		}
+		if (NF > nf) nf = NF
+	}
+	END {
+		for (r = 1; r <= NR; r++) {
+			line = "|"
+			for (i = 1; i <= nf; i++)
+				line = line sprintf(" %-" w[i] "s |", cell[r, i])
+			print line
+			if (r == 1) {
+				line = "|"
+				for (i = 1; i <= nf; i++) {
+					dash = ""
+					for (j = 0; j < w[i] + 2; j++) dash = dash "-"
+					line = line dash "|"
+				}
+				print line
+			}
+		}
+	}'
+}
+
+# With BENCH_STATEMENTS=1: statements_reset before a measured run,
+# statements_print after it (the relay's statements, from pg_stat_statements).
+statements_reset()
+{
+	[ "${BENCH_STATEMENTS:-0}" = 1 ] || return 0
+	sql -c "SELECT pg_stat_statements_reset()" >/dev/null
+}
+
+statements_print()
+{
+	[ "${BENCH_STATEMENTS:-0}" = 1 ] || return 0
+	echo "statements during the run (pg_stat_statements, BENCH_STATEMENTS=1):"
+	sql -c "SELECT calls, round(total_exec_time::numeric) AS total_ms, round(mean_exec_time::numeric, 2) AS mean_ms, round(max_exec_time::numeric, 2) AS max_ms, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 60) AS query FROM pg_stat_statements WHERE query !~ 'pg_stat_statements|obx.workers|count\(\*\)|pg_settings' ORDER BY total_exec_time DESC LIMIT 8"
+}
+
+# The last event sequence number handed out (0 before the first).
+last_seq_sql="SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM obx.event_seq"
+
+# Load average, printed before each benchmark: these machines are shared.
+machine_load()
+{
+	cut -d' ' -f1-3 /proc/loadavg
+}
+
+# ensure_messages: $work/messages.tsv holds DRAIN_EVENTS messages (key,
+# event id, payload as the relay sends it) for the librdkafka baselines.
+# The drain benchmark writes it from the outbox; otherwise it is generated
+# from the same payload function.
+ensure_messages()
+{
+	[ -s "$work/messages.tsv" ] && return 0
+	sql -o /dev/null -c "SELECT setseed(0.42)" \
+		-c "\\copy (SELECT 'cus_' || lpad(k::text, 5, '0'), gen_random_uuid(), bench.make_payload(i, k)::text FROM (SELECT i, floor(random() * 10000)::int AS k FROM generate_series(1, 20000) i) s) TO '$work/messages.tsv'"
+}

@@ -1,0 +1,7 @@
+-- One application transaction that enqueues one event with obx (~180-byte payload).
+\set k random(0, 9999)
+\set n random(1, 999999999)
+\set t random(100, 99999)
+BEGIN;
+SELECT obx.enqueue('bench.enqueue', 'cus_' || lpad(:k::text, 5, '0'), ('{"note": "xxxxxxxxxxxxxx", "lines": 3, "orderId": "ord_' || lpad(:n::text, 9, '0') || '", "currency": "USD", "eventType": "OrderPlaced", "customerId": "cus_' || lpad(:k::text, 5, '0') || '", "totalMinor": ' || :t || ', "schemaVersion": 1}')::jsonb);
+COMMIT;

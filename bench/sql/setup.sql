@@ -1,0 +1,80 @@
+-- setup.sql: the benchmark database's objects besides obx itself.
+-- Run once by bench/run in a fresh database.
+
+CREATE EXTENSION obx;
+
+CREATE SCHEMA bench;
+
+/*
+ * The "plain INSERT" side of the enqueue benchmark: a table with the
+ * outbox's columns, defaults, primary key and indexes, fed by a sequence of
+ * its own (CACHE 1, like obx.event_seq), and no obx anywhere.
+ */
+CREATE SEQUENCE bench.plain_seq CACHE 1;
+CREATE TABLE bench.plain_outbox (LIKE obx.outbox_events INCLUDING ALL);
+ALTER TABLE bench.plain_outbox ALTER COLUMN seq SET DEFAULT nextval('bench.plain_seq');
+
+/* LIKE copies no storage parameters (fillfactor, autovacuum): copy them. */
+DO $$
+DECLARE
+	opts text;
+BEGIN
+	SELECT array_to_string(reloptions, ', ') INTO opts
+	  FROM pg_class WHERE oid = 'obx.outbox_events'::regclass;
+	IF opts IS NOT NULL THEN
+		EXECUTE format('ALTER TABLE bench.plain_outbox SET (%s)', opts);
+	END IF;
+END
+$$;
+
+/*
+ * bench.make_payload: the drain benchmark's event payload, about 180 bytes
+ * of JSON text, for event number i of key number k.
+ */
+CREATE FUNCTION bench.make_payload(i bigint, k int) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+	SELECT jsonb_build_object(
+		'eventType', 'OrderPlaced', 'schemaVersion', 1,
+		'orderId', 'ord_' || lpad(i::text, 9, '0'),
+		'customerId', 'cus_' || lpad(k::text, 5, '0'),
+		'totalMinor', (i * 7919) % 100000, 'currency', 'USD',
+		'lines', 3, 'note', repeat('x', 14))
+$$;
+
+/*
+ * The UPDATE baseline of the drain benchmark: mark every row of
+ * bench.update_baseline published the way the relay marks delivered
+ * events (src/outbox.c, delivered_sql): one UPDATE ... FROM unnest(ids) of
+ * batch_size rows taken in seq order from the pending index, one commit per
+ * batch.  No claim, no lease, no Kafka: the database's own ceiling for
+ * this work.  Leaves the elapsed seconds in bench.result.
+ */
+CREATE TABLE bench.result (name text PRIMARY KEY, seconds float8, events bigint);
+
+CREATE PROCEDURE bench.mark_published_baseline(batch_size int)
+LANGUAGE plpgsql AS $$
+DECLARE
+	ids uuid[];
+	total bigint := 0;
+	started timestamptz := clock_timestamp();
+BEGIN
+	LOOP
+		SELECT array_agg(id ORDER BY seq) INTO ids
+		  FROM (SELECT id, seq FROM bench.update_baseline
+				 WHERE published_at IS NULL ORDER BY seq LIMIT batch_size) s;
+		EXIT WHEN ids IS NULL;
+		UPDATE bench.update_baseline e
+		   SET published_at = now(), kafka_partition = d.p, kafka_offset = d.o,
+			   lease_id = NULL, lease_owner = NULL, lease_until = NULL
+		  FROM unnest(ids, array_fill(0, ARRAY[cardinality(ids)]),
+					  ARRAY(SELECT generate_series(total, total + cardinality(ids) - 1)))
+			   AS d(id, p, o)
+		 WHERE e.id = d.id AND e.published_at IS NULL;
+		total := total + cardinality(ids);
+		COMMIT;
+	END LOOP;
+	INSERT INTO bench.result VALUES ('update_baseline',
+		extract(epoch FROM clock_timestamp() - started), total)
+	ON CONFLICT (name) DO UPDATE SET seconds = EXCLUDED.seconds, events = EXCLUDED.events;
+END
+$$;
