@@ -45,7 +45,6 @@ int obx_max_payload_size = 900000;
 bool obx_quarantine_blocks_key = true;
 int obx_shutdown_timeout_ms = 5000;
 
-bool obx_preloaded = false;
 ObxShared *obx_shared = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
@@ -64,8 +63,6 @@ _PG_init(void)
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;
-
-	obx_preloaded = true;
 
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = obx_shmem_request;

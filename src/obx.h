@@ -46,9 +46,6 @@ extern int obx_max_payload_size;
 extern bool obx_quarantine_blocks_key;
 extern int obx_shutdown_timeout_ms;
 
-/* True when obx was loaded through shared_preload_libraries. */
-extern bool obx_preloaded;
-
 /*
  * What a relay worker is doing, as shown by obx.workers.
  */
@@ -191,6 +188,5 @@ extern void obx_status_set_state(int worker, ObxWorkerState state);
 extern void obx_status_batch_done(int worker, int published, int failed,
 								  const char *error);
 extern void obx_status_error(int worker, const char *error);
-extern const char *obx_state_name(ObxWorkerState state);
 
 #endif /* OBX_H */

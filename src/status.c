@@ -21,7 +21,7 @@ PG_FUNCTION_INFO_V1(obx_worker_status);
 /* events/s is measured over the last one to two windows of this length */
 #define OBX_RATE_WINDOW_MS 10000
 
-const char *
+static const char *
 obx_state_name(ObxWorkerState state)
 {
 	switch (state)
