@@ -6,9 +6,10 @@
 #   test/run-all                  everything CI runs: packages, build, all tests
 
 MODULE_big = obx
-OBJS = src/obx.o src/enqueue.o src/outbox.o src/kafka.o src/relay.o src/status.o
+OBJS = src/obx.o src/enqueue.o src/outbox.o src/kafka.o src/relay.o src/status.o \
+	src/consumer.o src/inbox.o
 EXTENSION = obx
-DATA = obx--1.0.sql
+DATA = obx--1.0.sql obx--1.0--1.1.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"
 
 SHLIB_LINK = -lrdkafka

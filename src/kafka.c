@@ -137,12 +137,15 @@ set_property(rd_kafka_conf_t *conf, const char *name, const char *value,
 }
 
 /*
- * Apply obx.kafka_properties: "name=value" pairs separated by semicolons.
+ * obx_kafka_user_properties
+ *		Apply obx.kafka_properties: "name=value" pairs separated by
+ *		semicolons.  Used for the producer and the consumers alike.
+ *
  * Errors name the entry and the property but never echo a value, since
  * values may be secrets and errors reach the log and obx.workers.
  */
-static bool
-set_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
+bool
+obx_kafka_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 {
 	char *copy = pstrdup(obx_kafka_properties ? obx_kafka_properties : "");
 	char *save = NULL;
@@ -223,7 +226,7 @@ obx_kafka_create(char *errbuf, size_t errlen)
 		!set_property(conf, "partitioner", "murmur2_random", errbuf, errlen) ||
 		!set_property(conf, "linger.ms", "5", errbuf, errlen) ||
 		!set_property(conf, "log.queue", "true", errbuf, errlen) ||
-		!set_user_properties(conf, errbuf, errlen))
+		!obx_kafka_user_properties(conf, errbuf, errlen))
 	{
 		rd_kafka_conf_destroy(conf);
 		pfree(producer);

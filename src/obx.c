@@ -44,6 +44,8 @@ int obx_processed_retention_s = 0;
 int obx_max_payload_size = 900000;
 bool obx_quarantine_blocks_key = true;
 int obx_shutdown_timeout_ms = 5000;
+int obx_consumer_workers = 1;
+char *obx_consumer_database = NULL;
 
 ObxShared *obx_shared = NULL;
 
@@ -124,6 +126,24 @@ define_gucs(void)
 								NULL,
 								&obx_workers,
 								2, 0, OBX_MAX_WORKERS,
+								PGC_POSTMASTER, 0,
+								NULL, NULL, NULL);
+
+		DefineCustomStringVariable("obx.consumer_database",
+								   "Database whose subscriptions the consumer workers serve.",
+								   "Empty means obx.database.",
+								   &obx_consumer_database,
+								   "",
+								   PGC_POSTMASTER, 0,
+								   NULL, NULL, NULL);
+
+		DefineCustomIntVariable("obx.consumer_workers",
+								"Number of consumer background workers.",
+								"Each serves every subscription; the workers of a "
+								"subscription share its partitions as one Kafka "
+								"consumer group.",
+								&obx_consumer_workers,
+								1, 0, OBX_MAX_WORKERS,
 								PGC_POSTMASTER, 0,
 								NULL, NULL, NULL);
 	}
@@ -257,6 +277,22 @@ register_workers(void)
 		snprintf(worker.bgw_function_name, BGW_MAXLEN, "obx_relay_main");
 		snprintf(worker.bgw_name, BGW_MAXLEN, "obx relay %d", i);
 		snprintf(worker.bgw_type, BGW_MAXLEN, "obx relay");
+		worker.bgw_main_arg = Int32GetDatum(i);
+		worker.bgw_notify_pid = 0;
+		RegisterBackgroundWorker(&worker);
+	}
+
+	for (i = 0; i < obx_consumer_workers; i++)
+	{
+		memset(&worker, 0, sizeof(worker));
+		worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+						   BGWORKER_BACKEND_DATABASE_CONNECTION;
+		worker.bgw_start_time = BgWorkerStart_ConsistentState;
+		worker.bgw_restart_time = 1;
+		snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
+		snprintf(worker.bgw_function_name, BGW_MAXLEN, "obx_consumer_main");
+		snprintf(worker.bgw_name, BGW_MAXLEN, "obx consumer %d", i);
+		snprintf(worker.bgw_type, BGW_MAXLEN, "obx consumer");
 		worker.bgw_main_arg = Int32GetDatum(i);
 		worker.bgw_notify_pid = 0;
 		RegisterBackgroundWorker(&worker);

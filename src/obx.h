@@ -12,6 +12,8 @@
  *	  kafka.c	everything librdkafka (no transaction calls in it)
  *	  enqueue.c	SQL-callable functions: enqueue and the commit wake-up
  *	  status.c	worker status in shared memory and its SQL view
+ *	  consumer.c	the consumer worker: subscriptions, librdkafka consumers
+ *	  inbox.c	every statement the consumer runs: one transaction per message
  *
  *-------------------------------------------------------------------------
  */
@@ -45,6 +47,8 @@ extern int obx_processed_retention_s;
 extern int obx_max_payload_size;
 extern bool obx_quarantine_blocks_key;
 extern int obx_shutdown_timeout_ms;
+extern int obx_consumer_workers;
+extern char *obx_consumer_database;
 
 /*
  * What a relay worker is doing, as shown by obx.workers.
@@ -182,6 +186,70 @@ extern ObxErrorClass obx_kafka_classify(int err);
 extern const char *obx_kafka_error_name(int err);
 extern const char *obx_kafka_error_text(int err);
 extern const char *obx_error_class_name(ObxErrorClass cls);
+
+/* kafka.c, shared with consumer.c */
+struct rd_kafka_conf_s;
+extern bool obx_kafka_user_properties(struct rd_kafka_conf_s *conf,
+									  char *errbuf, size_t errlen);
+
+/*
+ * A subscription as the consumer workers read it from obx.subscriptions.
+ * Allocated in the caller's memory context.
+ */
+typedef struct ObxSubscription
+{
+	char *name; /* consumer name = Kafka consumer group */
+	int ntopics;
+	char **topics;
+	Oid handler;
+	Oid owner;
+	bool handler_missing;
+	char *start; /* auto.offset.reset: earliest or latest */
+	int nkafka;  /* options.kafka as name/value pairs */
+	char **kafka_names;
+	char **kafka_values;
+	int nretry; /* options.retry_sqlstates, as error codes */
+	int *retry_sqlstates;
+	char *signature; /* everything above, to notice a change */
+} ObxSubscription;
+
+/* One Kafka message, as the consumer hands it to the inbox. */
+typedef struct ObxInbound
+{
+	const ObxSubscription *sub;
+	const char *topic;
+	int32 partition;
+	int64 offset;
+	const char *key; /* NULL when the message has none */
+	size_t key_len;
+	const char *value; /* NULL for a tombstone */
+	size_t value_len;
+	int nheaders;
+	const char **header_names;
+	const char **header_values; /* NULL for a null header value */
+	size_t *header_lens;
+	TimestampTz timestamp; /* 0 when the message has none */
+} ObxInbound;
+
+typedef enum ObxInboxResult
+{
+	OBX_INBOX_PROCESSED,   /* handler ran and committed */
+	OBX_INBOX_DUPLICATE,   /* already processed: handler not called */
+	OBX_INBOX_DEAD_LETTER, /* malformed or handler error: quarantined */
+	OBX_INBOX_RETRY        /* transient: rolled back, offset must not move */
+} ObxInboxResult;
+
+/* consumer.c */
+extern PGDLLEXPORT void obx_consumer_main(Datum main_arg);
+
+/* inbox.c: each call is one transaction of its own */
+extern int obx_inbox_state(void);
+extern ObxSubscription *obx_inbox_subscriptions(int *count);
+extern ObxInboxResult obx_inbox_handle(const ObxInbound *msg,
+									   char *errbuf, size_t errlen);
+extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
+extern void obx_inbox_watermarks(const char *consumer, int n, char **topics,
+								 int32 *partitions, int64 *lows, int64 *highs);
 
 /* status.c */
 extern void obx_status_set_state(int worker, ObxWorkerState state);

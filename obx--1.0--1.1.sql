@@ -1,0 +1,338 @@
+/* obx--1.0--1.1.sql: the in-database Kafka consumer (subscriptions, dead letters) */
+
+\echo Use "ALTER EXTENSION obx UPDATE TO '1.1'" to load this file. \quit
+
+/*
+ * What a subscription handler receives, one Kafka message at a time.  The
+ * event id comes from the event_id header, else the payload's eventId or
+ * event_id field (see docs/consumers.md).
+ */
+CREATE TYPE obx.inbound_event AS (
+	event_id			text,
+	event_type			text,
+	topic				text,
+	kafka_partition		integer,
+	kafka_offset		bigint,
+	event_key			text,
+	headers				jsonb,
+	payload				jsonb,
+	kafka_timestamp		timestamptz
+);
+
+COMMENT ON TYPE obx.inbound_event IS
+	'A Kafka message as a subscription handler receives it';
+
+CREATE TABLE obx.subscriptions (
+	consumer_name		text		PRIMARY KEY
+		CHECK (consumer_name ~ '^[A-Za-z0-9._-]{1,200}$'),
+	topics				text[]		NOT NULL
+		CHECK (cardinality(topics) > 0),
+	handler				regprocedure NOT NULL,
+	options				jsonb		NOT NULL DEFAULT '{}',
+	owner				regrole		NOT NULL,
+	created_at			timestamptz NOT NULL DEFAULT now(),
+	updated_at			timestamptz NOT NULL DEFAULT now()
+);
+
+COMMENT ON TABLE obx.subscriptions IS
+	'Kafka topics the consumer workers read, as consumer group consumer_name, and the handler each message goes to';
+
+/*
+ * Per subscription and partition: where the consumer is and what happened.
+ * next_offset is written in each message's own transaction, so it is the
+ * database's view of progress; Kafka's committed offset follows it.
+ */
+CREATE TABLE obx.consumer_partitions (
+	consumer_name		text		NOT NULL,
+	topic				text		NOT NULL,
+	kafka_partition		integer		NOT NULL,
+	next_offset			bigint,
+	low_watermark		bigint,
+	high_watermark		bigint,
+	watermarks_at		timestamptz,
+	processed			bigint		NOT NULL DEFAULT 0,
+	duplicates			bigint		NOT NULL DEFAULT 0,
+	dead_lettered		bigint		NOT NULL DEFAULT 0,
+	retries				bigint		NOT NULL DEFAULT 0,
+	last_event_id		text,
+	last_processed_at	timestamptz,
+	last_error_class	text,
+	last_error			text,
+	last_error_at		timestamptz,
+	PRIMARY KEY (consumer_name, topic, kafka_partition)
+);
+
+ALTER TABLE obx.consumer_partitions SET (fillfactor = 50);
+
+COMMENT ON TABLE obx.consumer_partitions IS
+	'Consumer progress and counters per subscription, topic and partition';
+
+/*
+ * Messages a consumer could not apply: malformed ones and those whose
+ * handler failed with a non-transient error.  Each is recorded in the
+ * transaction that marks the event processed, so the partition moves on
+ * and nothing is lost; obx.replay_dead_letter applies it later.
+ */
+CREATE TABLE obx.dead_letters (
+	id					bigserial	PRIMARY KEY,
+	consumer_name		text		NOT NULL,
+	event_id			text,
+	topic				text		NOT NULL,
+	kafka_partition		integer		NOT NULL,
+	kafka_offset		bigint		NOT NULL,
+	event_key			text,
+	event_type			text,
+	headers				jsonb,
+	payload				jsonb,
+	raw_payload			bytea,
+	kafka_timestamp		timestamptz,
+	error_class			text		NOT NULL
+		CHECK (error_class IN ('malformed', 'handler')),
+	error_sqlstate		text,
+	error_message		text		NOT NULL,
+	failed_at			timestamptz NOT NULL DEFAULT now(),
+	replayed_at			timestamptz,
+	replay_attempts		integer		NOT NULL DEFAULT 0,
+	last_replay_error	text,
+	UNIQUE (consumer_name, topic, kafka_partition, kafka_offset)
+);
+
+CREATE INDEX dead_letters_pending_idx
+	ON obx.dead_letters (consumer_name, id) WHERE replayed_at IS NULL;
+
+COMMENT ON TABLE obx.dead_letters IS
+	'Messages a consumer quarantined (malformed, or a non-transient handler error); obx.replay_dead_letter applies them after a fix';
+COMMENT ON COLUMN obx.dead_letters.raw_payload IS
+	'The message value as received, kept only when it is not JSON';
+
+SELECT pg_catalog.pg_extension_config_dump('obx.subscriptions', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.consumer_partitions', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.dead_letters', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.dead_letters_id_seq', '');
+
+/*
+ * subscribe: register (or replace) a subscription.  The consumer workers
+ * pick it up within obx.poll_interval.  The handler runs as the role that
+ * subscribed.
+ */
+CREATE FUNCTION obx.subscribe(consumer_name text, topics text[],
+							  handler regprocedure, options jsonb DEFAULT '{}')
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	fn pg_proc;
+	opt record;
+	reserved text[] := ARRAY['group.id', 'enable.auto.offset.store',
+							 'bootstrap.servers', 'enable.partition.eof'];
+BEGIN
+	IF consumer_name IS NULL OR topics IS NULL OR handler IS NULL OR options IS NULL THEN
+		RAISE EXCEPTION 'obx.subscribe arguments must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF consumer_name !~ '^[A-Za-z0-9._-]{1,200}$' THEN
+		RAISE EXCEPTION 'invalid obx consumer name "%"', consumer_name
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'It names the Kafka consumer group: 1 to 200 of A-Z, a-z, 0-9, ".", "_" and "-".';
+	END IF;
+	IF cardinality(topics) = 0 OR array_position(topics, NULL) IS NOT NULL
+	   OR EXISTS (SELECT 1 FROM unnest(topics) t WHERE t !~ '^[A-Za-z0-9._-]{1,249}$') THEN
+		RAISE EXCEPTION 'obx.subscribe needs one or more valid Kafka topic names'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = format('Got %s.', topics);
+	END IF;
+
+	SELECT * INTO fn FROM pg_proc p WHERE p.oid = handler;
+	IF fn.prokind <> 'f' OR fn.proretset OR fn.pronargs <> 1
+	   OR fn.proargtypes[0] <> 'obx.inbound_event'::regtype THEN
+		RAISE EXCEPTION 'obx handler % must be a function taking one obx.inbound_event', handler
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'For example: CREATE FUNCTION app.on_order(e obx.inbound_event) RETURNS void ...';
+	END IF;
+	IF NOT has_function_privilege(current_user, handler, 'EXECUTE') THEN
+		RAISE EXCEPTION 'permission denied for obx handler %', handler
+			USING ERRCODE = 'insufficient_privilege';
+	END IF;
+
+	IF jsonb_typeof(options) <> 'object' THEN
+		RAISE EXCEPTION 'obx subscription options must be a JSON object'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	FOR opt IN SELECT * FROM jsonb_each(options) LOOP
+		IF opt.key = 'kafka' THEN
+			IF jsonb_typeof(opt.value) <> 'object' OR EXISTS (
+				SELECT 1 FROM jsonb_each(opt.value) k WHERE jsonb_typeof(k.value) <> 'string') THEN
+				RAISE EXCEPTION 'obx subscription option "kafka" must be an object of string values'
+					USING ERRCODE = 'invalid_parameter_value',
+						  HINT = 'For example: {"kafka": {"session.timeout.ms": "10000"}}';
+			END IF;
+			IF EXISTS (SELECT 1 FROM jsonb_object_keys(opt.value) k WHERE k = ANY (reserved)) THEN
+				RAISE EXCEPTION 'obx sets %, it cannot be a subscription option',
+					array_to_string(reserved, ', ')
+					USING ERRCODE = 'invalid_parameter_value';
+			END IF;
+		ELSIF opt.key = 'start' THEN
+			IF opt.value NOT IN ('"earliest"', '"latest"') THEN
+				RAISE EXCEPTION 'obx subscription option "start" must be "earliest" or "latest"'
+					USING ERRCODE = 'invalid_parameter_value';
+			END IF;
+		ELSIF opt.key = 'retry_sqlstates' THEN
+			IF jsonb_typeof(opt.value) <> 'array' OR EXISTS (
+				SELECT 1 FROM jsonb_array_elements(opt.value) s
+				 WHERE jsonb_typeof(s) <> 'string' OR s #>> '{}' !~ '^[0-9A-Z]{5}$') THEN
+				RAISE EXCEPTION 'obx subscription option "retry_sqlstates" must be an array of SQLSTATE codes'
+					USING ERRCODE = 'invalid_parameter_value',
+						  HINT = 'For example: {"retry_sqlstates": ["P0001"]}';
+			END IF;
+		ELSE
+			RAISE EXCEPTION 'unknown obx subscription option "%"', opt.key
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Known options: kafka, start, retry_sqlstates.';
+		END IF;
+	END LOOP;
+
+	INSERT INTO obx.subscriptions AS s (consumer_name, topics, handler, options, owner)
+	VALUES (subscribe.consumer_name, subscribe.topics, subscribe.handler,
+			subscribe.options, current_user::regrole)
+	ON CONFLICT ON CONSTRAINT subscriptions_pkey DO UPDATE
+	   SET topics = excluded.topics, handler = excluded.handler,
+		   options = excluded.options, owner = excluded.owner, updated_at = now()
+	 WHERE (s.topics, s.handler, s.options, s.owner)
+		   IS DISTINCT FROM (excluded.topics, excluded.handler, excluded.options, excluded.owner);
+END
+$$;
+
+COMMENT ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb) IS
+	'Consume these topics as consumer group consumer_name, calling handler once per new event';
+
+CREATE FUNCTION obx.unsubscribe(consumer_name text)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	WITH gone AS (
+		DELETE FROM obx.subscriptions s
+		 WHERE s.consumer_name = unsubscribe.consumer_name
+		RETURNING 1)
+	SELECT count(*) > 0 FROM gone;
+$$;
+
+COMMENT ON FUNCTION obx.unsubscribe(text) IS
+	'Stop consuming for this subscription (its dedupe history, progress and dead letters stay)';
+
+/*
+ * replay_dead_letter: run the subscription's current handler on dead
+ * letters, in the caller's transaction, each in a subtransaction of its
+ * own.  One that fails again stays a dead letter with the new error.
+ */
+CREATE FUNCTION obx.replay_dead_letter(ids bigint[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	d obx.dead_letters;
+	fn regprocedure;
+	applied integer := 0;
+BEGIN
+	IF ids IS NULL THEN
+		RAISE EXCEPTION 'obx.replay_dead_letter needs dead letter ids'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	FOR d IN SELECT * FROM obx.dead_letters l
+			  WHERE l.id = ANY (ids) AND l.replayed_at IS NULL
+			  ORDER BY l.id FOR UPDATE
+	LOOP
+		SELECT s.handler INTO fn FROM obx.subscriptions s
+		 WHERE s.consumer_name = d.consumer_name;
+		BEGIN
+			IF fn IS NULL THEN
+				RAISE EXCEPTION 'no obx subscription "%"', d.consumer_name
+					USING ERRCODE = 'undefined_object';
+			END IF;
+			IF d.event_id IS NULL OR d.payload IS NULL THEN
+				RAISE EXCEPTION 'dead letter % has no %', d.id,
+					CASE WHEN d.event_id IS NULL THEN 'event id' ELSE 'JSON payload' END
+					USING ERRCODE = 'invalid_parameter_value',
+						  HINT = 'Set event_id and payload in obx.dead_letters first.';
+			END IF;
+			INSERT INTO obx.processed_events (consumer_name, event_id)
+			VALUES (d.consumer_name, d.event_id)
+			ON CONFLICT DO NOTHING;
+			EXECUTE format('SELECT %s($1)', fn::regproc)
+			USING ROW(d.event_id, d.event_type, d.topic, d.kafka_partition,
+					  d.kafka_offset, d.event_key, d.headers, d.payload,
+					  d.kafka_timestamp)::obx.inbound_event;
+			UPDATE obx.dead_letters l
+			   SET replayed_at = now(), replay_attempts = l.replay_attempts + 1,
+				   last_replay_error = NULL
+			 WHERE l.id = d.id;
+			applied := applied + 1;
+		EXCEPTION WHEN OTHERS THEN
+			UPDATE obx.dead_letters l
+			   SET replay_attempts = l.replay_attempts + 1,
+				   last_replay_error = SQLSTATE || ': ' || SQLERRM
+			 WHERE l.id = d.id;
+		END;
+	END LOOP;
+	RETURN applied;
+END
+$$;
+
+CREATE FUNCTION obx.replay_dead_letter(consumer_name text)
+RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT obx.replay_dead_letter(coalesce(array_agg(l.id), '{}'))
+	  FROM obx.dead_letters l
+	 WHERE l.consumer_name = replay_dead_letter.consumer_name
+	   AND l.replayed_at IS NULL;
+$$;
+
+COMMENT ON FUNCTION obx.replay_dead_letter(bigint[]) IS
+	'Apply these dead letters with their subscription''s current handler; returns how many succeeded';
+COMMENT ON FUNCTION obx.replay_dead_letter(text) IS
+	'Apply every dead letter of this consumer not yet replayed; returns how many succeeded';
+
+CREATE VIEW obx.consumer_status AS
+SELECT p.consumer_name, p.topic, p.kafka_partition, p.next_offset,
+	   p.high_watermark,
+	   greatest(p.high_watermark - coalesce(p.next_offset, p.low_watermark), 0) AS lag,
+	   p.processed, p.duplicates, p.dead_lettered, p.retries,
+	   p.last_processed_at, p.last_error_class, p.last_error, p.last_error_at,
+	   p.watermarks_at
+  FROM obx.consumer_partitions p;
+
+COMMENT ON VIEW obx.consumer_status IS
+	'Per consumer, topic and partition: position, lag, processed, duplicates, dead letters, retries, last error';
+
+CREATE VIEW obx.consumers AS
+SELECT s.consumer_name, s.topics, s.handler, s.owner,
+	   coalesce(sum(c.processed), 0) AS processed,
+	   coalesce(sum(c.duplicates), 0) AS duplicates,
+	   coalesce(sum(c.dead_lettered), 0) AS dead_lettered,
+	   coalesce(sum(c.retries), 0) AS retries,
+	   coalesce(sum(c.lag), 0) AS lag,
+	   (SELECT count(*) FROM obx.dead_letters l
+		 WHERE l.consumer_name = s.consumer_name
+		   AND l.replayed_at IS NULL) AS dead_letters_pending,
+	   max(c.last_processed_at) AS last_processed_at,
+	   (array_agg(c.last_error ORDER BY c.last_error_at DESC)
+		  FILTER (WHERE c.last_error IS NOT NULL))[1] AS last_error,
+	   max(c.last_error_at) AS last_error_at
+  FROM obx.subscriptions s
+  LEFT JOIN obx.consumer_status c ON c.consumer_name = s.consumer_name
+		AND c.topic = ANY (s.topics)
+ GROUP BY s.consumer_name, s.topics, s.handler, s.owner;
+
+COMMENT ON VIEW obx.consumers IS
+	'One row per subscription: totals, lag, dead letters waiting for replay, last error';
+
+REVOKE ALL ON obx.subscriptions, obx.consumer_partitions, obx.dead_letters,
+	obx.consumer_status, obx.consumers FROM PUBLIC;
+REVOKE ALL ON SEQUENCE obx.dead_letters_id_seq FROM PUBLIC;
+REVOKE ALL ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb),
+	obx.unsubscribe(text), obx.replay_dead_letter(bigint[]),
+	obx.replay_dead_letter(text) FROM PUBLIC;

@@ -1,0 +1,841 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox.c
+ *	  Every statement the consumer worker runs: reading the subscriptions,
+ *	  and the one transaction per Kafka message that marks the event
+ *	  processed, calls the subscription's handler and records progress, or
+ *	  quarantines the message as a dead letter.
+ *
+ * Per message, in one transaction:
+ *	  1. the event id (header event_id, else the payload's eventId or
+ *		 event_id) and the payload as jsonb; a message without either is
+ *		 malformed and becomes a dead letter;
+ *	  2. obx.mark_processed(consumer, event id); false means a duplicate, and
+ *		 the handler is not called;
+ *	  3. the handler, in a subtransaction, as the subscription's owner;
+ *	  4. the partition's row in obx.consumer_partitions.
+ * A handler error of a transient class (see is_transient) rolls the whole
+ * transaction back, mark included: the caller must not move the offset
+ * and retries the message later.  Any other handler error is recorded as
+ * a dead letter in the same transaction that marks the event processed.
+ * An error in obx's own statements is treated as transient: the message
+ * is retried, never lost.
+ *
+ * The caller stores the Kafka offset only after this transaction has
+ * committed (with synchronous_commit on), so a crash between the two
+ * re-delivers the message, and step 2 makes it a duplicate.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/regproc.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+#include "utils/typcache.h"
+
+#include "obx.h"
+
+static SPIPlanPtr mark_plan = NULL;
+static SPIPlanPtr progress_plan = NULL;
+static SPIPlanPtr dead_letter_plan = NULL;
+static SPIPlanPtr retry_plan = NULL;
+static SPIPlanPtr watermark_plan = NULL;
+
+static const char *progress_sql =
+	"INSERT INTO obx.consumer_partitions AS p"
+	"   (consumer_name, topic, kafka_partition, next_offset, processed,"
+	"    duplicates, dead_lettered, last_event_id, last_processed_at,"
+	"    last_error_class, last_error, last_error_at)"
+	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9, $10,"
+	"         CASE WHEN $10 IS NOT NULL THEN now() END)"
+	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
+	"   SET next_offset = excluded.next_offset,"
+	"       processed = p.processed + excluded.processed,"
+	"       duplicates = p.duplicates + excluded.duplicates,"
+	"       dead_lettered = p.dead_lettered + excluded.dead_lettered,"
+	"       last_event_id = coalesce(excluded.last_event_id, p.last_event_id),"
+	"       last_processed_at = excluded.last_processed_at,"
+	"       last_error_class = coalesce(excluded.last_error_class, p.last_error_class),"
+	"       last_error = coalesce(excluded.last_error, p.last_error),"
+	"       last_error_at = coalesce(excluded.last_error_at, p.last_error_at)";
+
+static const char *dead_letter_sql =
+	"INSERT INTO obx.dead_letters"
+	"   (consumer_name, event_id, topic, kafka_partition, kafka_offset,"
+	"    event_key, event_type, headers, payload, raw_payload, kafka_timestamp,"
+	"    error_class, error_sqlstate, error_message)"
+	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+	" ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING";
+
+static const char *retry_sql =
+	"INSERT INTO obx.consumer_partitions AS p"
+	"   (consumer_name, topic, kafka_partition, retries,"
+	"    last_error_class, last_error, last_error_at)"
+	" VALUES ($1, $2, $3, 1, 'transient', $4, now())"
+	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
+	"   SET retries = p.retries + 1, last_error_class = 'transient',"
+	"       last_error = excluded.last_error, last_error_at = now()";
+
+static const char *watermark_sql =
+	"INSERT INTO obx.consumer_partitions AS p"
+	"   (consumer_name, topic, kafka_partition, low_watermark, high_watermark,"
+	"    watermarks_at)"
+	" SELECT $1, w.topic, w.part, w.low, w.high, now()"
+	"   FROM unnest($2::text[], $3::int4[], $4::int8[], $5::int8[])"
+	"        AS w(topic, part, low, high)"
+	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
+	"   SET low_watermark = excluded.low_watermark,"
+	"       high_watermark = excluded.high_watermark,"
+	"       watermarks_at = excluded.watermarks_at";
+
+/*
+ * What the handler gets and what a dead letter records, built from the
+ * Kafka message before anything is written.
+ */
+typedef struct InboundEvent
+{
+	char *event_id; /* NULL when there is none */
+	char *event_type;
+	char *key;
+	Datum headers; /* jsonb */
+	Datum payload; /* jsonb, valid when !malformed */
+	bool malformed;
+	char *malformed_why;
+} InboundEvent;
+
+static MemoryContext
+begin_step(const char *activity)
+{
+	MemoryContext caller = CurrentMemoryContext;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "obx could not connect to SPI");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, activity);
+	return caller;
+}
+
+static void
+end_step(MemoryContext caller)
+{
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	MemoryContextSwitchTo(caller);
+}
+
+static SPIPlanPtr
+prepare_kept(const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr plan = SPI_prepare(sql, nargs, argtypes);
+
+	if (plan == NULL)
+		elog(ERROR, "obx could not prepare a consumer statement: %s",
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
+static void
+prepare_plans(void)
+{
+	if (mark_plan != NULL)
+		return;
+	{
+		Oid types[] = {TEXTOID, TEXTOID};
+
+		mark_plan = prepare_kept("SELECT obx.mark_processed($1, $2)", 2, types);
+	}
+	{
+		Oid types[] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID,
+					   INT8OID, TEXTOID, TEXTOID, TEXTOID};
+
+		progress_plan = prepare_kept(progress_sql, 10, types);
+	}
+	{
+		Oid types[] = {TEXTOID, TEXTOID, TEXTOID, INT4OID, INT8OID, TEXTOID,
+					   TEXTOID, JSONBOID, JSONBOID, BYTEAOID, TIMESTAMPTZOID,
+					   TEXTOID, TEXTOID, TEXTOID};
+
+		dead_letter_plan = prepare_kept(dead_letter_sql, 14, types);
+	}
+	{
+		Oid types[] = {TEXTOID, TEXTOID, INT4OID, TEXTOID};
+
+		retry_plan = prepare_kept(retry_sql, 4, types);
+	}
+	{
+		Oid types[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
+					   INT8ARRAYOID};
+
+		watermark_plan = prepare_kept(watermark_sql, 5, types);
+	}
+}
+
+/*
+ * obx_inbox_state
+ *		0 when the extension is missing, 1 when it predates the consumer
+ *		(1.0: ALTER EXTENSION obx UPDATE is needed), 2 when ready.
+ */
+int
+obx_inbox_state(void)
+{
+	MemoryContext caller = begin_step("obx: checking for the extension");
+	int state = 0;
+	int rc;
+
+	rc = SPI_execute("SELECT to_regclass('obx.subscriptions') IS NOT NULL"
+					 "  FROM pg_catalog.pg_extension WHERE extname = 'obx'",
+					 true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx extension check failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 1)
+	{
+		bool isnull;
+		bool has = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 1, &isnull));
+
+		state = has ? 2 : 1;
+	}
+	end_step(caller);
+	return state;
+}
+
+static char **
+text_array(Datum d, int *n)
+{
+	Datum *elems;
+	bool *nulls;
+	char **out;
+	int i;
+
+	deconstruct_array(DatumGetArrayTypeP(d), TEXTOID, -1, false, TYPALIGN_INT,
+					  &elems, &nulls, n);
+	out = palloc(sizeof(char *) * Max(*n, 1));
+	for (i = 0; i < *n; i++)
+		out[i] = nulls[i] ? pstrdup("") : TextDatumGetCString(elems[i]);
+	return out;
+}
+
+/*
+ * obx_inbox_subscriptions
+ *		Every subscription, in name order, allocated in the caller's
+ *		memory context.
+ */
+ObxSubscription *
+obx_inbox_subscriptions(int *count)
+{
+	MemoryContext caller = begin_step("obx: reading subscriptions");
+	ObxSubscription *subs;
+	int rc;
+	uint64 i;
+
+	rc = SPI_execute(
+		"SELECT s.consumer_name, s.topics, s.handler::oid, s.owner::oid,"
+		"       p.oid IS NULL,"
+		"       coalesce(s.options->>'start', 'earliest'),"
+		"       ARRAY(SELECT k.key FROM jsonb_each_text(s.options->'kafka') k ORDER BY k.key),"
+		"       ARRAY(SELECT k.value FROM jsonb_each_text(s.options->'kafka') k ORDER BY k.key),"
+		"       ARRAY(SELECT jsonb_array_elements_text(s.options->'retry_sqlstates')),"
+		"       concat_ws('|', s.topics::text, s.handler::oid, s.owner::oid,"
+		"                 s.options::text, p.oid IS NULL)"
+		"  FROM obx.subscriptions s"
+		"  LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler"
+		" ORDER BY s.consumer_name",
+		true, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx could not read subscriptions: %s", SPI_result_code_string(rc));
+
+	*count = (int) SPI_processed;
+	subs = MemoryContextAllocZero(caller, sizeof(ObxSubscription) * Max(*count, 1));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple tup = SPI_tuptable->vals[i];
+		TupleDesc desc = SPI_tuptable->tupdesc;
+		ObxSubscription *s = &subs[i];
+		MemoryContext spi = MemoryContextSwitchTo(caller);
+		bool isnull;
+		char **codes;
+		int nkafka_values;
+		int j;
+
+		s->name = TextDatumGetCString(SPI_getbinval(tup, desc, 1, &isnull));
+		s->topics = text_array(SPI_getbinval(tup, desc, 2, &isnull), &s->ntopics);
+		s->handler = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
+		s->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 4, &isnull));
+		s->handler_missing = DatumGetBool(SPI_getbinval(tup, desc, 5, &isnull));
+		s->start = TextDatumGetCString(SPI_getbinval(tup, desc, 6, &isnull));
+		s->kafka_names = text_array(SPI_getbinval(tup, desc, 7, &isnull), &s->nkafka);
+		s->kafka_values = text_array(SPI_getbinval(tup, desc, 8, &isnull), &nkafka_values);
+		codes = text_array(SPI_getbinval(tup, desc, 9, &isnull), &s->nretry);
+		s->retry_sqlstates = palloc(sizeof(int) * Max(s->nretry, 1));
+		for (j = 0; j < s->nretry; j++)
+		{
+			const char *c = codes[j];
+
+			if (strlen(c) == 5)
+				s->retry_sqlstates[j] = MAKE_SQLSTATE(c[0], c[1], c[2], c[3], c[4]);
+		}
+		s->signature = TextDatumGetCString(SPI_getbinval(tup, desc, 10, &isnull));
+		MemoryContextSwitchTo(spi);
+	}
+	end_step(caller);
+	return subs;
+}
+
+/*
+ * Text of a key or header value: itself when it is valid in the database
+ * encoding, else "\x" and its bytes in hex, so that binary keys and headers
+ * from other producers still reach the handler (and nothing is dropped).
+ */
+static char *
+as_text(const char *data, size_t len)
+{
+	StringInfoData buf;
+	size_t i;
+
+	if (pg_verifymbstr(data, (int) len, true))
+		return pnstrdup(data, len);
+	initStringInfo(&buf);
+	appendStringInfoString(&buf, "\\x");
+	for (i = 0; i < len; i++)
+		appendStringInfo(&buf, "%02x", (unsigned char) data[i]);
+	return buf.data;
+}
+
+static const char *
+header_value(const ObxInbound *msg, const char *name)
+{
+	int i;
+
+	/* The last header of that name wins, as in the headers object. */
+	for (i = msg->nheaders - 1; i >= 0; i--)
+		if (strcmp(msg->header_names[i], name) == 0)
+			return msg->header_values[i] == NULL ? NULL
+												 : as_text(msg->header_values[i], msg->header_lens[i]);
+	return NULL;
+}
+
+static char *
+jsonb_string_field(Jsonb *jb, const char *field)
+{
+	JsonbValue key;
+	JsonbValue *v;
+
+	if (!JB_ROOT_IS_OBJECT(jb))
+		return NULL;
+	key.type = jbvString;
+	key.val.string.val = (char *) field;
+	key.val.string.len = strlen(field);
+	v = findJsonbValueFromContainer(&jb->root, JB_FOBJECT, &key);
+	if (v == NULL || v->type != jbvString || v->val.string.len == 0)
+		return NULL;
+	return pnstrdup(v->val.string.val, v->val.string.len);
+}
+
+static Datum
+headers_jsonb(const ObxInbound *msg)
+{
+	StringInfoData buf;
+	int i;
+
+	initStringInfo(&buf);
+	appendStringInfoChar(&buf, '{');
+	for (i = 0; i < msg->nheaders; i++)
+	{
+		if (i > 0)
+			appendStringInfoString(&buf, ", ");
+		escape_json(&buf, as_text(msg->header_names[i], strlen(msg->header_names[i])));
+		appendStringInfoString(&buf, ": ");
+		if (msg->header_values[i] == NULL)
+			appendStringInfoString(&buf, "null");
+		else
+			escape_json(&buf, as_text(msg->header_values[i], msg->header_lens[i]));
+	}
+	appendStringInfoChar(&buf, '}');
+	return DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data));
+}
+
+/*
+ * Run fn(arg) in a subtransaction.  Returns NULL when it succeeded, else
+ * the error, with the subtransaction rolled back and the caller's memory
+ * context and resource owner restored.
+ */
+static ErrorData *
+in_subtransaction(void (*fn)(void *), void *arg)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	ErrorData *volatile edata = NULL;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		fn(arg);
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+	return edata;
+}
+
+typedef struct ParseArgs
+{
+	const ObxInbound *msg;
+	InboundEvent *ev;
+} ParseArgs;
+
+static void
+parse_payload(void *arg)
+{
+	ParseArgs *a = (ParseArgs *) arg;
+	char *text = pnstrdup(a->msg->value, a->msg->value_len);
+
+	if (!pg_verifymbstr(a->msg->value, (int) a->msg->value_len, true))
+		ereport(ERROR,
+				(errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
+				 errmsg("message value is not valid %s", GetDatabaseEncodingName())));
+	a->ev->payload = DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
+}
+
+/*
+ * Build what the handler gets from the Kafka message.  Never raises for
+ * bad input: a message obx cannot turn into an event is marked malformed,
+ * with the reason.
+ */
+static void
+build_event(const ObxInbound *msg, InboundEvent *ev)
+{
+	memset(ev, 0, sizeof(*ev));
+	ev->key = msg->key ? as_text(msg->key, msg->key_len) : NULL;
+	ev->headers = headers_jsonb(msg);
+	ev->event_id = (char *) header_value(msg, "event_id");
+	ev->event_type = (char *) header_value(msg, "event_type");
+	if (ev->event_id != NULL && ev->event_id[0] == '\0')
+		ev->event_id = NULL;
+
+	if (msg->value == NULL)
+	{
+		ev->malformed = true;
+		ev->malformed_why = "message has no value (a tombstone)";
+	}
+	else
+	{
+		ParseArgs args = {msg, ev};
+		ErrorData *edata = in_subtransaction(parse_payload, &args);
+
+		if (edata != NULL)
+		{
+			ev->malformed = true;
+			ev->malformed_why = psprintf("payload is not JSON: %s", edata->message);
+		}
+	}
+	if (!ev->malformed)
+	{
+		Jsonb *jb = DatumGetJsonbP(ev->payload);
+
+		if (ev->event_id == NULL)
+			ev->event_id = jsonb_string_field(jb, "eventId");
+		if (ev->event_id == NULL)
+			ev->event_id = jsonb_string_field(jb, "event_id");
+		if (ev->event_type == NULL)
+			ev->event_type = jsonb_string_field(jb, "eventType");
+	}
+	if (!ev->malformed && ev->event_id == NULL)
+	{
+		ev->malformed = true;
+		ev->malformed_why = "no event id: no event_id header and no eventId or event_id field in the payload";
+	}
+}
+
+static Datum
+text_or_null(const char *s, char *null)
+{
+	*null = (s == NULL) ? 'n' : ' ';
+	return s == NULL ? (Datum) 0 : CStringGetTextDatum(s);
+}
+
+static void
+record_progress(const ObxInbound *msg, const InboundEvent *ev,
+				ObxInboxResult result, const char *error_class,
+				const char *error)
+{
+	Datum values[10];
+	char nulls[10];
+	int rc;
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = CStringGetTextDatum(msg->sub->name);
+	values[1] = CStringGetTextDatum(msg->topic);
+	values[2] = Int32GetDatum(msg->partition);
+	values[3] = Int64GetDatum(msg->offset + 1);
+	values[4] = Int64GetDatum(result == OBX_INBOX_PROCESSED ? 1 : 0);
+	values[5] = Int64GetDatum(result == OBX_INBOX_DUPLICATE ? 1 : 0);
+	values[6] = Int64GetDatum(result == OBX_INBOX_DEAD_LETTER ? 1 : 0);
+	values[7] = text_or_null(ev->event_id, &nulls[7]);
+	values[8] = text_or_null(error_class, &nulls[8]);
+	values[9] = text_or_null(error, &nulls[9]);
+	rc = SPI_execute_plan(progress_plan, values, nulls, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx could not record consumer progress: %s",
+			 SPI_result_code_string(rc));
+}
+
+static void
+record_dead_letter(const ObxInbound *msg, const InboundEvent *ev,
+				   const char *error_class, const char *sqlstate,
+				   const char *error)
+{
+	Datum values[14];
+	char nulls[14];
+	int rc;
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = CStringGetTextDatum(msg->sub->name);
+	values[1] = text_or_null(ev->event_id, &nulls[1]);
+	values[2] = CStringGetTextDatum(msg->topic);
+	values[3] = Int32GetDatum(msg->partition);
+	values[4] = Int64GetDatum(msg->offset);
+	values[5] = text_or_null(ev->key, &nulls[5]);
+	values[6] = text_or_null(ev->event_type, &nulls[6]);
+	values[7] = ev->headers;
+	values[8] = ev->malformed ? (Datum) 0 : ev->payload;
+	nulls[8] = ev->malformed ? 'n' : ' ';
+	if (ev->malformed && msg->value != NULL)
+	{
+		bytea *raw = palloc(VARHDRSZ + msg->value_len);
+
+		SET_VARSIZE(raw, VARHDRSZ + msg->value_len);
+		memcpy(VARDATA(raw), msg->value, msg->value_len);
+		values[9] = PointerGetDatum(raw);
+	}
+	else
+		nulls[9] = 'n';
+	values[10] = TimestampTzGetDatum(msg->timestamp);
+	nulls[10] = msg->timestamp == 0 ? 'n' : ' ';
+	values[11] = CStringGetTextDatum(error_class);
+	values[12] = text_or_null(sqlstate, &nulls[12]);
+	values[13] = CStringGetTextDatum(error);
+	rc = SPI_execute_plan(dead_letter_plan, values, nulls, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx could not record a dead letter: %s",
+			 SPI_result_code_string(rc));
+}
+
+static bool
+mark_processed(const ObxInbound *msg, const InboundEvent *ev)
+{
+	Datum values[2];
+	bool isnull;
+	int rc;
+
+	values[0] = CStringGetTextDatum(msg->sub->name);
+	values[1] = CStringGetTextDatum(ev->event_id);
+	rc = SPI_execute_plan(mark_plan, values, NULL, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "obx.mark_processed failed: %s", SPI_result_code_string(rc));
+	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+typedef struct HandlerArgs
+{
+	const ObxInbound *msg;
+	const InboundEvent *ev;
+} HandlerArgs;
+
+/*
+ * Call the handler with an obx.inbound_event, as the subscription's owner.
+ * The subtransaction around it restores the user on error.
+ */
+static void
+call_handler(void *arg)
+{
+	HandlerArgs *a = (HandlerArgs *) arg;
+	const ObxInbound *msg = a->msg;
+	const InboundEvent *ev = a->ev;
+	Oid nsp = get_namespace_oid("obx", false);
+	Oid typid = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
+								CStringGetDatum("inbound_event"),
+								ObjectIdGetDatum(nsp));
+	TupleDesc desc;
+	Datum values[9];
+	bool nulls[9];
+	HeapTuple tuple;
+	FmgrInfo flinfo;
+	Oid save_user;
+	int save_sec;
+	LOCAL_FCINFO(fcinfo, 1);
+
+	if (!OidIsValid(typid))
+		elog(ERROR, "obx type obx.inbound_event does not exist");
+	desc = lookup_rowtype_tupdesc_copy(typid, -1);
+	memset(nulls, false, sizeof(nulls));
+	values[0] = CStringGetTextDatum(ev->event_id);
+	values[1] = ev->event_type ? CStringGetTextDatum(ev->event_type) : (Datum) 0;
+	nulls[1] = (ev->event_type == NULL);
+	values[2] = CStringGetTextDatum(msg->topic);
+	values[3] = Int32GetDatum(msg->partition);
+	values[4] = Int64GetDatum(msg->offset);
+	values[5] = ev->key ? CStringGetTextDatum(ev->key) : (Datum) 0;
+	nulls[5] = (ev->key == NULL);
+	values[6] = ev->headers;
+	values[7] = ev->payload;
+	values[8] = TimestampTzGetDatum(msg->timestamp);
+	nulls[8] = (msg->timestamp == 0);
+	tuple = heap_form_tuple(desc, values, nulls);
+
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(msg->sub->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	if (pg_proc_aclcheck(msg->sub->handler, msg->sub->owner, ACL_EXECUTE) != ACLCHECK_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("role \"%s\" may not execute the obx handler %s",
+						GetUserNameFromId(msg->sub->owner, true),
+						format_procedure(msg->sub->handler))));
+	fmgr_info(msg->sub->handler, &flinfo);
+	InitFunctionCallInfoData(*fcinfo, &flinfo, 1, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = HeapTupleGetDatum(tuple);
+	fcinfo->args[0].isnull = false;
+	(void) FunctionCallInvoke(fcinfo);
+	SetUserIdAndSecContext(save_user, save_sec);
+}
+
+/*
+ * The error classes retried without moving the offset: serialization
+ * failures and deadlocks (class 40), lock and statement timeouts, lost
+ * connections (class 08), exhausted resources (class 53), and whatever
+ * the subscription lists in options.retry_sqlstates.
+ */
+static bool
+is_transient(const ObxSubscription *sub, int code)
+{
+	int i;
+
+	if (ERRCODE_TO_CATEGORY(code) == ERRCODE_TRANSACTION_ROLLBACK ||
+		ERRCODE_TO_CATEGORY(code) == ERRCODE_CONNECTION_EXCEPTION ||
+		ERRCODE_TO_CATEGORY(code) == ERRCODE_INSUFFICIENT_RESOURCES ||
+		code == ERRCODE_LOCK_NOT_AVAILABLE ||
+		code == ERRCODE_QUERY_CANCELED)
+		return true;
+	for (i = 0; i < sub->nretry; i++)
+		if (code == sub->retry_sqlstates[i])
+			return true;
+	return false;
+}
+
+#define LOG_CONTEXT_FMT           "consumer group \"%s\", topic \"%s\", partition %d, offset %lld, event id %s"
+#define LOG_CONTEXT_ARGS(msg, id) (msg)->sub->name, (msg)->topic, (msg)->partition, \
+								  (long long) (msg)->offset, (id) ? (id) : "(none)"
+
+/*
+ * obx_inbox_handle
+ *		Apply one Kafka message in one transaction; see the file header.
+ *
+ * On OBX_INBOX_RETRY, errbuf says why; nothing was committed.
+ */
+ObxInboxResult
+obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	volatile ObxInboxResult result = OBX_INBOX_RETRY;
+
+	errbuf[0] = '\0';
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PG_TRY();
+	{
+		InboundEvent ev;
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "obx could not connect to SPI");
+		PushActiveSnapshot(GetTransactionSnapshot());
+		pgstat_report_activity(STATE_RUNNING, "obx: handling a Kafka message");
+		prepare_plans();
+
+		build_event(msg, &ev);
+		if (ev.malformed)
+		{
+			if (ev.event_id != NULL && !mark_processed(msg, &ev))
+				result = OBX_INBOX_DUPLICATE;
+			else
+			{
+				record_dead_letter(msg, &ev, "malformed", NULL, ev.malformed_why);
+				result = OBX_INBOX_DEAD_LETTER;
+				ereport(WARNING,
+						(errmsg("obx consumer quarantined a malformed message: " LOG_CONTEXT_FMT,
+								LOG_CONTEXT_ARGS(msg, ev.event_id)),
+						 errdetail("Error class malformed: %s", ev.malformed_why),
+						 errhint("See obx.dead_letters; fix the row and call obx.replay_dead_letter.")));
+			}
+			record_progress(msg, &ev, result,
+							result == OBX_INBOX_DEAD_LETTER ? "malformed" : NULL,
+							result == OBX_INBOX_DEAD_LETTER ? ev.malformed_why : NULL);
+		}
+		else if (!mark_processed(msg, &ev))
+		{
+			result = OBX_INBOX_DUPLICATE;
+			record_progress(msg, &ev, result, NULL, NULL);
+		}
+		else
+		{
+			HandlerArgs args = {msg, &ev};
+			ErrorData *edata = in_subtransaction(call_handler, &args);
+
+			if (edata == NULL)
+			{
+				result = OBX_INBOX_PROCESSED;
+				record_progress(msg, &ev, result, NULL, NULL);
+			}
+			else if (is_transient(msg->sub, edata->sqlerrcode))
+			{
+				snprintf(errbuf, errlen, "handler error %s: %s",
+						 unpack_sql_state(edata->sqlerrcode), edata->message);
+				ereport(LOG,
+						(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
+								LOG_CONTEXT_ARGS(msg, ev.event_id)),
+						 errdetail("Error class transient: %s", errbuf)));
+				result = OBX_INBOX_RETRY;
+			}
+			else
+			{
+				char *why = psprintf("%s: %s", unpack_sql_state(edata->sqlerrcode),
+									 edata->message);
+
+				record_dead_letter(msg, &ev, "handler",
+								   unpack_sql_state(edata->sqlerrcode), edata->message);
+				result = OBX_INBOX_DEAD_LETTER;
+				record_progress(msg, &ev, result, "handler", why);
+				ereport(WARNING,
+						(errmsg("obx consumer quarantined a message its handler rejected: " LOG_CONTEXT_FMT,
+								LOG_CONTEXT_ARGS(msg, ev.event_id)),
+						 errdetail("Error class handler: %s", why),
+						 errhint("See obx.dead_letters; after a fix, call obx.replay_dead_letter.")));
+			}
+		}
+
+		if (result == OBX_INBOX_RETRY)
+			AbortCurrentTransaction();
+		else
+		{
+			SPI_finish();
+			PopActiveSnapshot();
+			CommitTransactionCommand();
+		}
+	}
+	PG_CATCH();
+	{
+		ErrorData *edata;
+
+		MemoryContextSwitchTo(caller);
+		edata = CopyErrorData();
+		FlushErrorState();
+		AbortCurrentTransaction();
+		snprintf(errbuf, errlen, "obx error %s: %s",
+				 unpack_sql_state(edata->sqlerrcode), edata->message);
+		ereport(WARNING,
+				(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
+						LOG_CONTEXT_ARGS(msg, NULL)),
+				 errdetail("%s", errbuf)));
+		FreeErrorData(edata);
+		result = OBX_INBOX_RETRY;
+	}
+	PG_END_TRY();
+
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	MemoryContextSwitchTo(caller);
+	return result;
+}
+
+/*
+ * obx_inbox_note_retry
+ *		Count a transient failure of a message and keep its error, in a
+ *		transaction of its own (the message's was rolled back).
+ */
+void
+obx_inbox_note_retry(const ObxInbound *msg, const char *error)
+{
+	MemoryContext caller = begin_step("obx: recording a consumer retry");
+	Datum values[4];
+	int rc;
+
+	prepare_plans();
+	values[0] = CStringGetTextDatum(msg->sub->name);
+	values[1] = CStringGetTextDatum(msg->topic);
+	values[2] = Int32GetDatum(msg->partition);
+	values[3] = CStringGetTextDatum(error);
+	rc = SPI_execute_plan(retry_plan, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx could not record a consumer retry: %s",
+			 SPI_result_code_string(rc));
+	end_step(caller);
+}
+
+/*
+ * obx_inbox_watermarks
+ *		Record the partitions' low and high watermarks, for the lag.
+ */
+void
+obx_inbox_watermarks(const char *consumer, int n, char **topics,
+					 int32 *partitions, int64 *lows, int64 *highs)
+{
+	MemoryContext caller = begin_step("obx: recording consumer watermarks");
+	Datum *t = palloc(sizeof(Datum) * n);
+	Datum *p = palloc(sizeof(Datum) * n);
+	Datum *l = palloc(sizeof(Datum) * n);
+	Datum *h = palloc(sizeof(Datum) * n);
+	Datum values[5];
+	int rc;
+	int i;
+
+	prepare_plans();
+	for (i = 0; i < n; i++)
+	{
+		t[i] = CStringGetTextDatum(topics[i]);
+		p[i] = Int32GetDatum(partitions[i]);
+		l[i] = Int64GetDatum(lows[i]);
+		h[i] = Int64GetDatum(highs[i]);
+	}
+	values[0] = CStringGetTextDatum(consumer);
+	values[1] = PointerGetDatum(construct_array(t, n, TEXTOID, -1, false, TYPALIGN_INT));
+	values[2] = PointerGetDatum(construct_array(p, n, INT4OID, 4, true, TYPALIGN_INT));
+	values[3] = PointerGetDatum(construct_array(l, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	values[4] = PointerGetDatum(construct_array(h, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	rc = SPI_execute_plan(watermark_plan, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx could not record consumer watermarks: %s",
+			 SPI_result_code_string(rc));
+	end_step(caller);
+}
