@@ -228,6 +228,42 @@ ok(wait_metrics_for('no worker in state "broker down"', sub {
 	!grep { $_->{value} == 1 } samples(shift, 'obx_worker_state', state => 'broker down') }, 60),
 	'no worker shows "broker down" within 60 s of the brokers coming back');
 
+#
+# Consumer metrics: a subscription on the orders topic applies its events;
+# one handler error is dead-lettered.  Lag, counters and pending dead
+# letters must match obx.consumer_status and obx.consumers.
+#
+$node->safe_psql('postgres', q{
+	CREATE TABLE applied (event_id text PRIMARY KEY);
+	CREATE FUNCTION apply_order(e obx.inbound_event) RETURNS void LANGUAGE plpgsql AS $$
+	BEGIN
+		IF e.payload ? 'reject' THEN
+			RAISE EXCEPTION 'rejected' USING ERRCODE = 'check_violation';
+		END IF;
+		INSERT INTO applied VALUES (e.event_id);
+	END $$;});
+$node->safe_psql('postgres', "SELECT obx.subscribe('metrics-app', ARRAY['$orders'], 'apply_order(obx.inbound_event)')");
+$node->safe_psql('postgres', "SELECT obx.enqueue('$orders', 'ord_r', '{\"reject\": true}')");
+ok(all_published($node), 'the rejected order is published');
+my $orders_at_broker = scalar(@{ read_topic($mock, $orders) });
+$m = wait_metrics('the consumer to apply every order and report no lag', sub {
+	my $m = shift;
+	sum_of($m, 'obx_consumer_partition_processed_total')
+	  + sum_of($m, 'obx_consumer_partition_duplicates_total')
+	  + sum_of($m, 'obx_consumer_partition_dead_lettered_total') == $orders_at_broker
+	  && sum_of($m, 'obx_consumer_partition_lag') == 0
+	  && (sample($m, 'obx_consumer_dead_letters_pending', consumer => 'metrics-app') // -1) == 1 });
+is(sum_of($m, 'obx_consumer_partition_dead_lettered_total'), 1,
+	'the rejected order is counted as a dead letter');
+is(sum_of($m, 'obx_consumer_partition_processed_total'),
+	$node->safe_psql('postgres', 'SELECT count(*) FROM applied'),
+	'processed_total equals the effects the handler committed');
+is(sum_of($m, 'obx_consumer_partition_processed_total'),
+	$node->safe_psql('postgres', "SELECT sum(processed) FROM obx.consumer_status WHERE consumer_name = 'metrics-app'"),
+	'processed_total equals obx.consumer_status');
+is($m->{type}{obx_consumer_partition_lag}, 'gauge', 'consumer lag is a gauge');
+is($m->{type}{obx_consumer_partition_processed_total}, 'counter', 'processed_total is a counter');
+
 my $log = slurp_file($exp->{log});
 unlike($log, qr/Error running query|level=error/, 'the exporter logged no query error');
 ok(stop_exporter($exp), 'the exporter is stopped');

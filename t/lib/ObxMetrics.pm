@@ -54,7 +54,8 @@ sub grant_monitoring
 	$node->safe_psql('postgres', qq{
 		CREATE ROLE $role LOGIN;
 		GRANT USAGE ON SCHEMA obx TO $role;
-		GRANT SELECT ON obx.status, obx.quarantine, obx.workers TO $role;});
+		GRANT SELECT ON obx.status, obx.quarantine, obx.workers,
+			obx.consumers, obx.consumer_status TO $role;});
 	return $role;
 }
 
