@@ -1,0 +1,46 @@
+<?php
+
+namespace App\Console\Commands;
+
+use Illuminate\Console\Command;
+use Illuminate\Support\Facades\DB;
+
+/**
+ * Both sides at a glance: the shop's outbox (obx.status), the inventory
+ * consumer (obx.consumers, obx.dead_letters) and the stock.
+ */
+class Status extends Command
+{
+    protected $signature = 'status';
+
+    protected $description = 'Show the outbox, the inventory consumer and the stock';
+
+    public function handle(): int
+    {
+        $this->info('shop: orders and outbox');
+        $this->line(sprintf('orders: %d', DB::table('orders')->count()));
+        $this->table(['topic', 'pending', 'leased', 'published', 'quarantined', 'oldest pending age'],
+            $this->rows(DB::select(
+                'select topic, pending, leased, published, quarantined, oldest_pending_age::text
+                   from obx.status order by topic')));
+
+        $inventory = DB::connection('inventory');
+        $this->info('inventory: consumer');
+        $this->table(['consumer', 'processed', 'duplicates', 'dead lettered', 'retries', 'lag', 'dead letters pending'],
+            $this->rows($inventory->select(
+                'select consumer_name, processed, duplicates, dead_lettered, retries, lag, dead_letters_pending
+                   from obx.consumers order by consumer_name')));
+
+        $this->info('inventory: stock');
+        $this->table(['warehouse', 'sku', 'on hand', 'reserved', 'available'],
+            $this->rows($inventory->select(
+                'select warehouse, sku, on_hand, reserved, on_hand - reserved
+                   from inventory.stock order by warehouse, sku')));
+        return 0;
+    }
+
+    private function rows(array $result): array
+    {
+        return array_map(fn ($row) => array_values((array) $row), $result);
+    }
+}

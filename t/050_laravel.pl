@@ -1,0 +1,312 @@
+# The Laravel example (examples/laravel), end to end: orders placed in
+# database shop by Eloquent inside DB::transaction with obx.enqueue, relayed
+# to Kafka by obx's relay, consumed in database inventory by obx's consumer,
+# which runs inventory.reserve_stock once per event id.
+#
+# Once a first order is reserved (the consumer group has its partitions),
+# six PHP processes place 50 orders each at the same time, two emitting
+# OrderPlaced schemaVersion 1 and four schemaVersion 2; every seventh order
+# of each is rolled back on purpose after its event was enqueued (payment
+# declined).  While they run, an 'obx consumer' backend is killed with
+# SIGKILL and the whole instance goes through crash recovery (the PHP
+# processes lose their connections and look up whether their last order
+# committed).  Afterwards one already-processed message is produced to the
+# topic a second time, with the same event_id header, key and payload.
+#
+# Proves: the shop holds exactly the orders PHP saw commit, and the outbox
+# exactly their events, all published; rolled-back orders leave no order,
+# no event and no reservation; every committed order's lines are reserved
+# exactly once, in the warehouse its schema version says, and the stock
+# counters equal the sum of committed quantities; the dedupe history holds
+# exactly the committed event ids; the forced re-delivery is counted as a
+# duplicate and reserves nothing; nothing is dead-lettered.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use ObxTest;
+use IPC::Run;
+use JSON::PP;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $topic = 'orders.placed.v1';
+my $consumer = 'inventory-reservation';
+my $artisan = "$FindBin::RealBin/../examples/laravel/artisan-like";
+my $producers = 6;
+my $orders_each = 50;
+my $rollback_every = 7;
+my %version_of_producer = map { $_ => ($_ < 2 ? 1 : 2) } 0 .. $producers - 1;
+
+my $t0 = time();
+my $mock = start_mock();
+# Consumers do not create topics; the relay's producer would, on its first
+# event.  Create it now so the subscription finds it whenever it starts.
+mock_cmd($mock, "topic-create $topic 4");
+
+my $node = obx_node('laravel', $mock,
+	'obx.database' => "'shop'",
+	'obx.consumer_database' => "'inventory'",
+	'obx.workers' => 2,
+	'obx.consumer_workers' => 2,
+	'restart_after_crash' => 'on',
+	'max_connections' => 40);
+# The workers wait (and restart) until these exist and hold the extension.
+$node->safe_psql('postgres', 'CREATE DATABASE shop');
+$node->safe_psql('postgres', 'CREATE DATABASE inventory');
+
+# The PHP application connects over the node's Unix socket.
+$ENV{DB_HOST} = $node->host;
+$ENV{DB_PORT} = $node->port;
+$ENV{DB_USERNAME} = (getpwuid($>))[0];
+$ENV{DB_PASSWORD} = '';
+$ENV{SHOP_DATABASE} = 'shop';
+$ENV{INVENTORY_DATABASE} = 'inventory';
+$ENV{ORDERS_TOPIC} = $topic;
+$ENV{INVENTORY_CONSUMER} = $consumer;
+# Offsets reach Kafka only on a rebalance, never on a timer: whatever the
+# consumer handled before the crash comes again after it, and must be
+# recognized as already processed.  A short session timeout lets the group
+# drop the killed members sooner.
+$ENV{INVENTORY_KAFKA_PROPERTIES} = 'auto.commit.interval.ms=3600000;session.timeout.ms=6000';
+
+# artisan(@args): run the example's console; returns its stdout.
+sub artisan
+{
+	my @args = @_;
+	my ($out, $err) = ('', '');
+	my $ok = IPC::Run::run([ 'php', $artisan, @args ], '<', \undef, '>', \$out, '2>', \$err,
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	ok($ok, "artisan-like @args") or diag("stdout:\n$out\nstderr:\n$err");
+	return $out;
+}
+
+# rows($db, $sql): the rows of a query as lists of columns.
+sub rows
+{
+	my ($db, $sql) = @_;
+	return [ map { [ split /\|/, $_, -1 ] } grep { length } split /\n/, $node->safe_psql($db, $sql) ];
+}
+
+# Migrations: shop (obx, orders), inventory (obx, stock, the handler, the
+# subscription); then the initial stock.
+my $migrated = artisan('migrate');
+like($migrated, qr/Migrated:\s+2026_01_05_000001_create_orders_tables/, 'shop migrated');
+like($migrated, qr/Migrated:\s+2026_01_05_000003_subscribe_inventory_reservation/,
+	'inventory migrated, handler subscribed');
+artisan('db:seed');
+is($node->safe_psql('inventory',
+	"SELECT topics::text, handler::text, options->'kafka'->>'auto.commit.interval.ms'
+	   FROM obx.subscriptions WHERE consumer_name = '$consumer'"),
+	"{$topic}|inventory.reserve_stock(obx.inbound_event)|3600000",
+	'the subscription names the topic, the handler and the consumer properties');
+is($node->safe_psql('inventory', 'SELECT count(*), min(reserved), max(reserved) FROM inventory.stock'),
+	'12|0|0', 'six skus in two warehouses on hand, nothing reserved');
+
+ok($node->poll_query_until('postgres',
+	"SELECT count(*) = 2 FROM pg_stat_activity WHERE backend_type = 'obx consumer'"),
+	'two consumer workers run');
+
+# A first order, once the consumer group has its partitions: reserved.
+my $first = artisan('place-orders', '--count=1', '--schema-version=1');
+ok($node->poll_query_until('inventory',
+	'SELECT count(DISTINCT event_id) = 1 FROM inventory.reservations'),
+	'a first order is reserved: the consumer is at work');
+
+# The producers, all at once.  A short pause between orders keeps them
+# placing orders while the consumer is killed.
+my $dir = PostgreSQL::Test::Utils::tempdir('producers');
+my @handles;
+for my $i (0 .. $producers - 1)
+{
+	push @handles, IPC::Run::start(
+		[ 'php', $artisan, 'place-orders', "--count=$orders_each",
+		  "--rollback-every=$rollback_every", "--schema-version=$version_of_producer{$i}",
+		  '--pause-ms=60' ],
+		'<', \undef, '>', "$dir/p$i.out", '2>', "$dir/p$i.err");
+}
+
+# Kill a consumer once it has reserved stock for some orders, while the
+# producers are still at work.
+ok($node->poll_query_until('inventory',
+	'SELECT count(DISTINCT event_id) >= 21 FROM inventory.reservations'),
+	'the consumer reserves stock while orders are placed');
+my ($victim) = split /\n/, $node->safe_psql('postgres',
+	"SELECT pid FROM pg_stat_activity WHERE backend_type = 'obx consumer' ORDER BY pid");
+my $orders_at_kill = $node->safe_psql('shop', 'SELECT count(*) FROM orders');
+my $reserved_at_kill = $node->safe_psql('inventory',
+	'SELECT count(DISTINCT event_id) FROM inventory.reservations');
+my $log_offset = -s $node->logfile;
+ok(kill('KILL', $victim),
+	"SIGKILL sent to obx consumer $victim ($orders_at_kill orders placed, $reserved_at_kill reserved so far)");
+
+ok($node->poll_query_until('postgres',
+	"SELECT count(*) = 2 FROM pg_stat_activity WHERE backend_type = 'obx consumer' AND pid <> $victim"),
+	'the consumer workers are back after crash recovery');
+my $log = slurp_file($node->logfile, $log_offset);
+like($log, qr/\(PID $victim\) was terminated by signal 9/,
+	'the postmaster saw the consumer die of SIGKILL');
+like($log, qr/all server processes terminated; reinitializing/,
+	'the instance went through crash recovery');
+
+my $all_ok = 1;
+for my $h (@handles)
+{
+	$all_ok = 0 unless $h->finish;
+}
+ok($all_ok, 'every PHP producer finished with exit status 0')
+  or diag(join('', map { slurp_file("$dir/p$_.err") } 0 .. $producers - 1));
+
+# What PHP saw: per order committed or rolled back, with its event id.
+my (%committed, %rolled_back, %version_of_order);
+my $reconnects = 0;
+for my $out ([ $first, 1 ],
+	map { [ slurp_file("$dir/p$_.out"), $version_of_producer{$_} ] } 0 .. $producers - 1)
+{
+	for my $line (split /\n/, $out->[0])
+	{
+		my ($outcome, $order, $event) = split /\t/, $line;
+		next unless defined $event && $outcome =~ /^(committed|rolled_back)$/;
+		($outcome eq 'committed' ? \%committed : \%rolled_back)->{$order} = $event;
+		$version_of_order{$order} = $out->[1];
+	}
+}
+$reconnects += () = slurp_file("$dir/p$_.err") =~ /connection lost/g for 0 .. $producers - 1;
+my $n_rolled_back = $producers * int($orders_each / $rollback_every);
+my $n_committed = 1 + $producers * $orders_each - $n_rolled_back;
+is(scalar(keys %committed), $n_committed, "PHP saw $n_committed orders commit");
+is(scalar(keys %rolled_back), $n_rolled_back, "PHP rolled $n_rolled_back orders back after enqueue");
+cmp_ok($orders_at_kill, '<', $n_committed, 'orders were still being placed when the consumer died');
+cmp_ok($reconnects, '>', 0,
+	"the crash cut PHP connections mid-flow ($reconnects lost, each order looked up)");
+my @committed_events = sort values %committed;
+
+# The shop: exactly the committed orders and their events, all published.
+is_deeply([ map { $_->[0] } @{ rows('shop', 'SELECT id FROM orders ORDER BY id') } ],
+	[ sort keys %committed ], 'the shop holds exactly the orders PHP saw commit');
+is_deeply([ map { $_->[0] } @{ rows('shop', 'SELECT id FROM obx.outbox_events ORDER BY id') } ],
+	\@committed_events, 'the outbox holds exactly the events of committed orders');
+is($node->safe_psql('shop', q{
+	SELECT count(*) FROM obx.outbox_events e LEFT JOIN orders o ON o.id = e.event_key
+	 WHERE e.payload->>'eventId' IS DISTINCT FROM e.id::text
+	    OR e.payload->>'orderId' IS DISTINCT FROM o.id
+	    OR e.event_type IS DISTINCT FROM 'OrderPlaced'
+	    OR e.payload ? 'created_at' OR e.payload ? 'updated_at'}),
+	'0', 'each event: eventId = outbox id, keyed by its order, explicit contract, no model dump');
+ok($node->poll_query_until('shop',
+	'SELECT count(*) = 0 FROM obx.outbox_events WHERE published_at IS NULL'),
+	'nothing is left pending in the outbox');
+is($node->safe_psql('shop', 'SELECT count(*) FROM obx.quarantine'), '0', 'nothing is quarantined');
+
+# The inventory: wait until every committed event is reserved.
+ok($node->poll_query_until('inventory',
+	"SELECT count(DISTINCT event_id) >= $n_committed FROM inventory.reservations"),
+	'the consumer reserved stock for every committed order');
+ok($node->poll_query_until('inventory',
+	"SELECT coalesce(sum(lag), -1) = 0 FROM obx.consumer_status WHERE consumer_name = '$consumer'"),
+	'the consumer has no lag left');
+
+# The broker holds each committed event once or more (a re-send after the
+# crash keeps its id), keyed by order, header event_id = payload eventId.
+my $json = JSON::PP->new;
+my $msgs = read_topic($mock, $topic);
+my $seen = event_ids_at_broker($msgs);
+is_deeply([ sort keys %$seen ], \@committed_events,
+	'the broker holds exactly the committed events');
+is(scalar(grep {
+	my $p = $json->decode($_->{payload});
+	$p->{eventId} ne $_->{event_id} || $p->{orderId} ne $_->{key} } @$msgs),
+	0, 'on the wire: header event_id = eventId, key = orderId');
+
+# The forced duplicate: a processed message produced again, to the partition
+# it is in, with the same key, payload and event_id header.
+my ($dup) = grep { $_->{event_id} eq $committed{ (sort keys %committed)[0] } } @$msgs;
+ok(defined $dup, 'the message to duplicate is at the broker') or BAIL_OUT('no message to duplicate');
+my $duplicates_before = $node->safe_psql('inventory',
+	"SELECT coalesce(sum(duplicates), 0) FROM obx.consumer_status WHERE consumer_name = '$consumer'");
+cmp_ok($duplicates_before, '>=', 1,
+	"messages handled before the crash came again and were skipped as duplicates ($duplicates_before)");
+my $payload = "$dup->{payload}\n";
+my $kerr = '';
+ok(IPC::Run::run(
+	[ 'kcat', '-P', '-b', $mock->{bootstrap}, '-t', $topic, '-p', $dup->{partition},
+	  '-k', $dup->{key}, '-H', "event_id=$dup->{event_id}", '-H', 'event_type=OrderPlaced' ],
+	'<', \$payload, '>', \my $kout, '2>', \$kerr,
+	IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default)),
+	"event $dup->{event_id} of $dup->{key} produced again") or diag($kerr);
+ok($node->poll_query_until('inventory', qq{
+	SELECT coalesce(sum(duplicates), 0) > $duplicates_before AND coalesce(sum(lag), -1) = 0
+	  FROM obx.consumer_status WHERE consumer_name = '$consumer'}),
+	'the consumer counted the re-delivered message as a duplicate');
+cmp_ok($node->safe_psql('inventory',
+	"SELECT sum(duplicates) FROM obx.consumer_status WHERE consumer_name = '$consumer'"),
+	'>=', 1, 'obx.consumer_status shows duplicates');
+
+# Exactly once: each committed order's lines, reserved once, in the
+# warehouse of its schema version, recorded with its event and version.
+my %expected = map { $_->[0] => $_->[1] } @{ rows('shop', q{
+	SELECT order_id, string_agg(format('%s:%s:%s', wh, sku, qty), ',' ORDER BY sku)
+	  FROM (SELECT o.id AS order_id, coalesce(o.warehouse, 'main') AS wh, l.sku, sum(l.qty) AS qty
+			  FROM orders o JOIN order_lines l ON l.order_id = o.id
+			 GROUP BY 1, 2, 3) x
+	 GROUP BY order_id}) };
+my %reserved = map { $_->[0] => $_->[1] } @{ rows('inventory', q{
+	SELECT order_id, string_agg(format('%s:%s:%s', warehouse, sku, qty), ',' ORDER BY sku, id)
+	  FROM inventory.reservations GROUP BY order_id}) };
+is(scalar(keys %expected), $n_committed, 'every committed order has lines');
+is_deeply(\%reserved, \%expected,
+	"every committed order's lines are reserved exactly once, nothing else is");
+is($node->safe_psql('inventory', q{
+	SELECT count(*) FROM (SELECT event_id, sku FROM inventory.reservations
+						   GROUP BY 1, 2 HAVING count(*) > 1) twice}),
+	'0', 'no event reserved a sku twice');
+my %event_order = map { $_->[0] => "$_->[1]/v$_->[2]" } @{ rows('inventory', q{
+	SELECT event_id, min(order_id), min(schema_version) FROM inventory.reservations GROUP BY 1}) };
+is_deeply(\%event_order,
+	{ map { $committed{$_} => "$_/v$version_of_order{$_}" } keys %committed },
+	'reservations carry the event id and schema version of their order');
+my %versions = map { $_->[0] => $_->[1] } @{ rows('inventory',
+	'SELECT schema_version, count(DISTINCT event_id) FROM inventory.reservations GROUP BY 1') };
+ok($versions{1} && $versions{2},
+	sprintf('schemaVersion 1 (%d) and 2 (%d) events both reserved', $versions{1} // 0, $versions{2} // 0));
+is($node->safe_psql('inventory',
+	"SELECT count(*) FROM inventory.reservations WHERE status <> 'reserved'"),
+	'0', 'stock sufficed: every line reserved, none backordered');
+
+# The stock counters: reserved = committed quantities, per warehouse and sku.
+my %demand = map { $_->[0] => $_->[1] } @{ rows('shop', q{
+	SELECT coalesce(o.warehouse, 'main') || ':' || l.sku, sum(l.qty)
+	  FROM orders o JOIN order_lines l ON l.order_id = o.id GROUP BY 1}) };
+my %stock = map { $_->[0] => $_->[1] } @{ rows('inventory',
+	q{SELECT warehouse || ':' || sku, reserved FROM inventory.stock}) };
+is_deeply(\%stock, { map { $_ => $demand{$_} // 0 } keys %stock },
+	'stock reserved per warehouse and sku = sum of committed order quantities');
+
+# Rolled back: no trace anywhere.
+my $rb_orders = join(',', map { "'$_'" } keys %rolled_back);
+my $rb_events = join(',', map { "'$_'" } values %rolled_back);
+is($node->safe_psql('shop', "SELECT count(*) FROM orders WHERE id IN ($rb_orders)")
+	  . '/' . $node->safe_psql('shop',
+		"SELECT count(*) FROM obx.outbox_events WHERE id::text IN ($rb_events)")
+	  . '/' . $node->safe_psql('inventory',
+		"SELECT count(*) FROM inventory.reservations WHERE order_id IN ($rb_orders) OR event_id IN ($rb_events)"),
+	'0/0/0', 'rolled-back orders: no order, no event, no reservation');
+ok(!grep({ $seen->{$_} } values %rolled_back), 'no rolled-back event reached the broker');
+
+# The consumer's bookkeeping.
+is_deeply([ map { $_->[0] } @{ rows('inventory',
+	"SELECT event_id FROM obx.processed_events WHERE consumer_name = '$consumer' ORDER BY 1") } ],
+	\@committed_events, 'the dedupe history holds exactly the committed event ids');
+is($node->safe_psql('inventory',
+	"SELECT sum(processed) FROM obx.consumer_status WHERE consumer_name = '$consumer'"),
+	$n_committed, 'the handler ran and committed once per committed order');
+is($node->safe_psql('inventory', 'SELECT count(*) FROM obx.dead_letters'), '0', 'no dead letters');
+note('consumer: ' . $node->safe_psql('inventory',
+	"SELECT format('processed %s, duplicates %s, dead lettered %s, retries %s, lag %s', processed, duplicates, dead_lettered, retries, lag)
+	   FROM obx.consumers WHERE consumer_name = '$consumer'"));
+note(sprintf('messages at the broker: %d for %d events; wall time %.1f s',
+	scalar(@$msgs), scalar(keys %$seen), time() - $t0));
+
+done_testing();

@@ -1,0 +1,241 @@
+# ObxConsumer.pm: shared pieces of the consumer (inbox) tests, t/04*.pl.
+#
+# Produces crafted messages to the Kafka stand-in with kcat (headers, keys,
+# explicit partitions, payloads that are not JSON, tombstones), creates the
+# tables a test handler records its effects in, and reads the consumer's
+# progress back from obx.consumer_status.  Every wait is on a condition,
+# with the harness timeout as the limit (ObxTest::wait_until,
+# poll_query_until).
+package ObxConsumer;
+
+use strict;
+use warnings;
+
+use Exporter 'import';
+use IPC::Run;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use ObxTest;
+
+our @EXPORT = qw(produce partition_ends wait_caught_up consumer_totals
+  partition_status create_effects effects_per_event handler_calls
+  consumer_pids wait_consumer_pids find_message);
+
+# produce($mock, $topic, @messages): produce each message with kcat, in
+# the order given, and wait for the broker to acknowledge them.  A message
+# is a hash:
+#   partition  the partition (required: tests choose where a message lands)
+#   key        the Kafka key (undef: no key)
+#   headers    [ name => value, ... ] Kafka headers, in that order
+#   payload    the value as a string; undef sends a tombstone (NULL value,
+#              which needs a key); '' sends an empty value
+# Consecutive messages with the same partition and headers go in one kcat
+# run.  Payloads and keys must not contain a newline (kcat splits input
+# lines) and keys no tab (the key delimiter).
+sub produce
+{
+	my ($mock, $topic, @messages) = @_;
+	my @runs;
+	for my $m (@messages)
+	{
+		die 'produce: partition required' unless defined $m->{partition};
+		die 'produce: a tombstone needs a key'
+		  if !defined $m->{payload} && !defined $m->{key};
+		die 'produce: newline in payload or key'
+		  if grep { defined && /\n/ } $m->{payload}, $m->{key};
+		die 'produce: tab in key' if defined $m->{key} && $m->{key} =~ /\t/;
+		my @h = @{ $m->{headers} // [] };
+		my $sig = join("\0", $m->{partition}, defined $m->{key} ? 'k' : 'n',
+			defined $m->{payload} ? 'v' : 'z', @h);
+		if (!@runs || $runs[-1]{sig} ne $sig)
+		{
+			push @runs, { sig => $sig, msg => [] };
+		}
+		push @{ $runs[-1]{msg} }, $m;
+	}
+	for my $run (@runs)
+	{
+		my $first = $run->{msg}[0];
+		my @cmd = ('kcat', '-P', '-b', $mock->{bootstrap}, '-t', $topic,
+			'-p', $first->{partition}, '-X', 'acks=all');
+		my @h = @{ $first->{headers} // [] };
+		while (my ($name, $value) = splice(@h, 0, 2))
+		{
+			push @cmd, '-H', "$name=$value";
+		}
+		my $input = '';
+		if (defined $first->{key})
+		{
+			push @cmd, '-K', "\t";
+			push @cmd, '-Z' unless defined $first->{payload};
+			$input .= "$_->{key}\t" . ($_->{payload} // '') . "\n" for @{ $run->{msg} };
+		}
+		else
+		{
+			die 'produce: an empty value needs a key'
+			  if grep { $_->{payload} eq '' } @{ $run->{msg} };
+			$input .= "$_->{payload}\n" for @{ $run->{msg} };
+		}
+		my ($out, $err) = ('', '');
+		my $ok = IPC::Run::run(\@cmd, '<', \$input, '>', \$out, '2>', \$err,
+			IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+		die "kcat -P to $topic failed: $err" if !$ok || $err =~ /error|fail/i;
+	}
+	return;
+}
+
+# partition_ends($mock, $topic): partition => the offset after its last
+# message at the broker (its high watermark), from kcat.
+sub partition_ends
+{
+	my ($mock, $topic) = @_;
+	my %end;
+	for my $m (@{ read_topic($mock, $topic) })
+	{
+		$end{ $m->{partition} } = $m->{offset} + 1
+		  if !defined $end{ $m->{partition} } || $end{ $m->{partition} } <= $m->{offset};
+	}
+	return \%end;
+}
+
+# find_message($mock, $topic, sub { my $m = shift; ... }): the messages
+# of the topic for which the condition holds (see ObxTest::read_topic).
+sub find_message
+{
+	my ($mock, $topic, $cond) = @_;
+	return [ grep { $cond->($_) } @{ read_topic($mock, $topic) } ];
+}
+
+# wait_caught_up($node, $consumer, $topic, \%ends, $what): wait until the
+# consumer's next_offset of every partition in %ends (partition => offset,
+# e.g. from partition_ends) has reached that offset; that is, every message
+# up to there has been handled (processed, a duplicate or dead-lettered).
+sub wait_caught_up
+{
+	my ($node, $consumer, $topic, $ends, $what) = @_;
+	my $values = join(', ', map { "($_, $ends->{$_})" } sort keys %$ends);
+	return ok($node->poll_query_until('postgres', qq{
+		SELECT count(*) = @{[ scalar(keys %$ends) ]}
+		  FROM (VALUES $values) AS e(p, o)
+		  JOIN obx.consumer_status s ON s.kafka_partition = e.p AND s.next_offset >= e.o
+		 WHERE s.consumer_name = '$consumer' AND s.topic = '$topic'}),
+		"$consumer has handled every message of $topic: $what");
+}
+
+# consumer_totals($node, $consumer, $topic): the consumer_status counters
+# summed over the partitions of a topic, as a hash.
+sub consumer_totals
+{
+	my ($node, $consumer, $topic) = @_;
+	my ($p, $d, $l, $r, $n) = split /\|/, $node->safe_psql('postgres', qq{
+		SELECT coalesce(sum(processed), 0), coalesce(sum(duplicates), 0),
+		       coalesce(sum(dead_lettered), 0), coalesce(sum(retries), 0), count(*)
+		  FROM obx.consumer_status WHERE consumer_name = '$consumer' AND topic = '$topic'});
+	return { processed => $p, duplicates => $d, dead_lettered => $l,
+		retries => $r, partitions => $n };
+}
+
+# partition_status($node, $consumer, $topic): partition => the row of
+# obx.consumer_status as a hash.
+sub partition_status
+{
+	my ($node, $consumer, $topic) = @_;
+	my @cols = qw(kafka_partition next_offset processed duplicates dead_lettered
+	  retries last_error_class last_error);
+	my %rows;
+	for my $line (split /\n/, $node->safe_psql('postgres',
+		'SELECT ' . join(', ', @cols) . qq{ FROM obx.consumer_status
+		  WHERE consumer_name = '$consumer' AND topic = '$topic'}))
+	{
+		my %r;
+		@r{@cols} = split /\|/, $line, scalar(@cols);
+		$rows{ $r{kafka_partition} } = \%r;
+	}
+	return \%rows;
+}
+
+# create_effects($node): the schema "shop" a test handler writes to.
+#   shop.effects         one row each time an effect is applied, with the
+#                        event as the handler saw it; deliberately without
+#                        a unique key, so an effect applied twice shows as
+#                        two rows instead of failing the second time
+#   shop.handler_calls   a sequence the handler advances on every call; a
+#                        sequence is not rolled back with its transaction,
+#                        so it counts calls whose transaction failed too
+#                        (not across a crash: after crash recovery a
+#                        sequence may jump ahead)
+#   shop.record(e)       applies the effect of e
+sub create_effects
+{
+	my ($node) = @_;
+	$node->safe_psql('postgres', q{
+		CREATE SCHEMA shop;
+		CREATE TABLE shop.effects (
+			n bigserial PRIMARY KEY,
+			event_id text,
+			event_type text,
+			topic text,
+			kafka_partition integer,
+			kafka_offset bigint,
+			event_key text,
+			headers jsonb,
+			payload jsonb,
+			kafka_timestamp timestamptz,
+			backend_pid integer NOT NULL DEFAULT pg_backend_pid(),
+			applied_by name NOT NULL DEFAULT current_user,
+			applied_at timestamptz NOT NULL DEFAULT clock_timestamp());
+		CREATE SEQUENCE shop.handler_calls;
+		CREATE FUNCTION shop.record(e obx.inbound_event) RETURNS void
+		LANGUAGE sql AS $$
+			INSERT INTO shop.effects (event_id, event_type, topic, kafka_partition,
+					kafka_offset, event_key, headers, payload, kafka_timestamp)
+			VALUES (e.event_id, e.event_type, e.topic, e.kafka_partition,
+					e.kafka_offset, e.event_key, e.headers, e.payload, e.kafka_timestamp)
+		$$;
+	});
+	return;
+}
+
+# effects_per_event($node): event id => how many times its effect was applied.
+sub effects_per_event
+{
+	my ($node) = @_;
+	my %n;
+	for my $line (split /\n/, $node->safe_psql('postgres',
+		'SELECT event_id, count(*) FROM shop.effects GROUP BY event_id'))
+	{
+		my ($id, $c) = split /\|/, $line;
+		$n{$id} = $c;
+	}
+	return \%n;
+}
+
+# handler_calls($node): how many times a handler advanced shop.handler_calls.
+sub handler_calls
+{
+	my ($node) = @_;
+	return $node->safe_psql('postgres',
+		'SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM shop.handler_calls');
+}
+
+# consumer_pids($node): pids of the running consumer workers.
+sub consumer_pids
+{
+	my ($node) = @_;
+	my $out = $node->safe_psql('postgres',
+		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'obx consumer' ORDER BY pid");
+	return [ grep { length } split /\n/, $out ];
+}
+
+# wait_consumer_pids($node, $n): wait until exactly $n consumer workers run;
+# returns their pids.
+sub wait_consumer_pids
+{
+	my ($node, $n) = @_;
+	$node->poll_query_until('postgres',
+		"SELECT count(*) = $n FROM pg_stat_activity WHERE backend_type = 'obx consumer'")
+	  or die "expected $n consumer workers";
+	return consumer_pids($node);
+}
+
+1;
