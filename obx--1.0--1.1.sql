@@ -38,6 +38,26 @@ COMMENT ON TABLE obx.subscriptions IS
 	'Kafka topics the consumer workers read, as consumer group consumer_name, and the handler each message goes to';
 
 /*
+ * The handler runs as the subscription's owner, so the owner is always the
+ * role that wrote the row: a role allowed to write subscriptions cannot
+ * make a handler run as someone else.
+ */
+CREATE FUNCTION obx._subscription_owner()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	NEW.owner := current_user::regrole;
+	RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER subscriptions_owner
+	BEFORE INSERT OR UPDATE ON obx.subscriptions
+	FOR EACH ROW EXECUTE FUNCTION obx._subscription_owner();
+
+/*
  * Per subscription and partition: where the consumer is and what happened.
  * next_offset is written in each message's own transaction, so it is the
  * database's view of progress; Kafka's committed offset follows it.
@@ -333,6 +353,7 @@ COMMENT ON VIEW obx.consumers IS
 REVOKE ALL ON obx.subscriptions, obx.consumer_partitions, obx.dead_letters,
 	obx.consumer_status, obx.consumers FROM PUBLIC;
 REVOKE ALL ON SEQUENCE obx.dead_letters_id_seq FROM PUBLIC;
+REVOKE ALL ON FUNCTION obx._subscription_owner() FROM PUBLIC;
 REVOKE ALL ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb),
 	obx.unsubscribe(text), obx.replay_dead_letter(bigint[]),
 	obx.replay_dead_letter(text) FROM PUBLIC;

@@ -116,7 +116,8 @@ typedef struct InboundEvent
 	char *event_type;
 	char *key;
 	Datum headers; /* jsonb */
-	Datum payload; /* jsonb, valid when !malformed */
+	Datum payload; /* jsonb, valid when is_json */
+	bool is_json;  /* the value parsed as JSON */
 	bool malformed;
 	char *malformed_why;
 } InboundEvent;
@@ -460,6 +461,8 @@ build_event(const ObxInbound *msg, InboundEvent *ev)
 			ev->malformed = true;
 			ev->malformed_why = psprintf("payload is not JSON: %s", edata->message);
 		}
+		else
+			ev->is_json = true;
 	}
 	if (!ev->malformed)
 	{
@@ -530,9 +533,9 @@ record_dead_letter(const ObxInbound *msg, const InboundEvent *ev,
 	values[5] = text_or_null(ev->key, &nulls[5]);
 	values[6] = text_or_null(ev->event_type, &nulls[6]);
 	values[7] = ev->headers;
-	values[8] = ev->malformed ? (Datum) 0 : ev->payload;
-	nulls[8] = ev->malformed ? 'n' : ' ';
-	if (ev->malformed && msg->value != NULL)
+	values[8] = ev->is_json ? ev->payload : (Datum) 0;
+	nulls[8] = ev->is_json ? ' ' : 'n';
+	if (!ev->is_json && msg->value != NULL)
 	{
 		bytea *raw = palloc(VARHDRSZ + msg->value_len);
 
