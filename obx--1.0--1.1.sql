@@ -1,6 +1,117 @@
-/* obx--1.0--1.1.sql: the in-database Kafka consumer (subscriptions, dead letters) */
+/* obx--1.0--1.1.sql: per-batch leases, and the in-database Kafka consumer */
 
 \echo Use "ALTER EXTENSION obx UPDATE TO '1.1'" to load this file. \quit
+
+/*
+ * Per-batch leases.  In 1.0 a claim wrote a lease into every claimed row
+ * (lease_id, lease_owner, lease_until), so each event was written twice on
+ * its way to Kafka: once to lease it, once to mark it published.  From 1.1
+ * a claim writes one row here for the whole batch: its events' ids and
+ * their topics and keys, which block those keys for other claims while the
+ * lease lasts.  An event is then written once, when it is published (or
+ * fails).  See src/outbox.c.
+ */
+CREATE TABLE obx.leases (
+	lease_id			bigint		PRIMARY KEY,
+	owner				integer		NOT NULL,
+	until				timestamptz NOT NULL,
+	claimed_at			timestamptz NOT NULL DEFAULT now(),
+	ids					uuid[]		NOT NULL,
+	topics				text[]		NOT NULL,
+	keys				text[]		NOT NULL
+);
+
+COMMENT ON TABLE obx.leases IS
+	'Batches claimed by relay workers and in flight to Kafka: one row per batch, its events in parallel arrays';
+
+/* One row per leased event, for people and tests. */
+CREATE VIEW obx.leased_events AS
+SELECT u.id, u.topic, u.event_key, l.lease_id, l.owner AS lease_owner,
+	   l.until AS lease_until, l.claimed_at
+  FROM obx.leases l,
+	   unnest(l.ids, l.topics, l.keys) AS u(id, topic, event_key);
+
+COMMENT ON VIEW obx.leased_events IS
+	'Events leased to a relay worker (an expired lease stays until the next claim removes it)';
+
+COMMENT ON COLUMN obx.outbox_events.attempts IS
+	'Publish attempts that ended (delivered or failed); an attempt cut short by a crash or a lost lease is not counted';
+
+CREATE OR REPLACE FUNCTION obx.replay(event_ids uuid[])
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n bigint;
+BEGIN
+	UPDATE obx.outbox_events e
+	   SET published_at = NULL, kafka_partition = NULL, kafka_offset = NULL,
+		   attempts = 0, failures = 0, next_attempt_at = '-infinity'
+	 WHERE e.id = ANY (replay.event_ids)
+	   AND e.published_at IS NOT NULL;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	IF n > 0 THEN
+		PERFORM obx._wake_at_commit();
+	END IF;
+	RETURN n;
+END
+$$;
+
+/*
+ * Per-topic health: the numbers to alert on.  Replaced in place (same
+ * columns), so grants on it survive the update.
+ */
+CREATE OR REPLACE VIEW obx.status AS
+WITH leased AS (
+	SELECT DISTINCT u.id
+	  FROM obx.leases l, unnest(l.ids) AS u(id)
+	 WHERE l.until >= now()
+)
+SELECT e.topic,
+	   count(*) FILTER (WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
+						AND l.id IS NULL) AS pending,
+	   count(*) FILTER (WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
+						AND l.id IS NOT NULL) AS leased,
+	   count(*) FILTER (WHERE e.published_at IS NOT NULL) AS published,
+	   count(*) FILTER (WHERE e.quarantined_at IS NOT NULL
+						AND e.published_at IS NULL) AS quarantined,
+	   count(*) FILTER (WHERE e.published_at IS NULL AND e.quarantined_at IS NULL
+						AND e.last_error IS NOT NULL) AS failing,
+	   min(e.occurred_at) FILTER (WHERE e.published_at IS NULL) AS oldest_pending_at,
+	   greatest(coalesce(now() - min(e.occurred_at) FILTER (WHERE e.published_at IS NULL),
+						 '0'::interval), '0'::interval) AS oldest_pending_age,
+	   max(e.published_at) AS last_published_at,
+	   (array_agg(e.last_error ORDER BY e.last_error_at DESC)
+		  FILTER (WHERE e.last_error IS NOT NULL))[1] AS last_error,
+	   max(e.last_error_at) AS last_error_at
+  FROM obx.outbox_events e
+  LEFT JOIN leased l ON l.id = e.id
+ GROUP BY e.topic;
+
+COMMENT ON VIEW obx.status IS
+	'Per topic: pending, leased, published (still retained), quarantined, age of the oldest unpublished event, last error';
+
+/* Nothing uses the per-event lease columns any more. */
+DROP INDEX obx.outbox_events_active_idx;
+ALTER TABLE obx.outbox_events
+	DROP COLUMN lease_id, DROP COLUMN lease_owner, DROP COLUMN lease_until;
+/* obx.skip copies outbox rows into it column for column. */
+ALTER TABLE obx.skipped_events
+	DROP COLUMN lease_id, DROP COLUMN lease_owner, DROP COLUMN lease_until;
+
+/*
+ * Events failing or quarantined: what blocks their key besides a lease.
+ * Small: only unpublished events whose last attempt failed.
+ */
+CREATE INDEX outbox_events_active_idx
+	ON obx.outbox_events (topic, event_key)
+	WHERE published_at IS NULL
+	  AND (next_attempt_at > '-infinity' OR quarantined_at IS NOT NULL);
+
+REVOKE ALL ON obx.leases, obx.leased_events FROM PUBLIC;
+
+/* The in-database Kafka consumer. */
 
 /*
  * What a subscription handler receives, one Kafka message at a time.  The

@@ -9,28 +9,33 @@
  * committed here; none is ever open while the worker waits on Kafka.
  * Statements are prepared once per worker and kept (SPI_keepplan).
  *
- * The claim is where per-key order is decided.  A key is blocked while any
- * of its unpublished events is leased, backing off, or quarantined (when
- * obx.quarantine_blocks_key is on); an event is claimable when it is
- * unpublished, not quarantined, not leased, due, and its key is not
- * blocked.  Claims are serialized by a transaction-level advisory lock, so
- * a claim always sees the leases of the claims before it, and a claim
- * takes the earliest claimable events in seq order.  Together this means
- * the events of a key a worker holds are always a prefix of that key's
- * unpublished events, and no two workers ever hold events of the same key.
- * No cursor ("ids after the last one seen") is kept, so an event whose
- * transaction commits late is found by the next claim like any other.
+ * The claim is where per-key order is decided.  A key is blocked while an
+ * unexpired lease holds one of its events, or while one of its unpublished
+ * events is backing off, or quarantined (when obx.quarantine_blocks_key is
+ * on); an event is claimable when it is unpublished, not quarantined, due,
+ * and its key is not blocked.  Claims are serialized by a
+ * transaction-level advisory lock, so a claim always sees the leases of
+ * the claims before it, and a claim takes the earliest claimable events in
+ * seq order.  Together this means the events of a key a worker holds are
+ * always a prefix of that key's unpublished events, and no two workers
+ * ever hold events of the same key.  No cursor ("ids after the last one
+ * seen") is kept, so an event whose transaction commits late is found by
+ * the next claim like any other.
  *
- * The claimed ids are gathered into an array before the UPDATE looks them
- * up by primary key, so the candidate query runs once per claim whatever
- * plan the kept statement ends up with (a join against it can turn into a
- * nested loop that re-runs it for every unpublished row).
+ * A lease is one row of obx.leases per batch (the events' ids, topics and
+ * keys), not a write to each claimed event: an event is written once on
+ * its way to Kafka, when the record step marks it published (or failed).
+ * A claim first deletes the expired leases, in a statement of its own, so
+ * that a stalled worker coming back finds its lease gone (its renewal and
+ * its record step check for it) whenever another claim may have taken its
+ * events over.
  *
- * The blocked keys come from outbox_events_active_idx, which holds only the
- * unpublished events that are leased or have failed (usually a handful,
- * however long the queue; after an outage, the events that failed until
- * they are published).  They are hashed once per claim, so a claim costs
- * the batch it takes plus the events it skips, never a probe per event.
+ * The blocked keys come from the unexpired leases (at most obx.workers
+ * batches) and from outbox_events_active_idx, which holds only the
+ * unpublished events that have failed (usually none; after an outage, the
+ * events that failed until they are published).  They are hashed once per
+ * claim, so a claim costs the batch it takes plus the events it skips,
+ * never a probe per event.
  *
  *-------------------------------------------------------------------------
  */
@@ -59,52 +64,67 @@
 #define OBX_LOGGED_FAILURES 10
 
 static SPIPlanPtr claim_lock_plan = NULL;
+static SPIPlanPtr expire_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr delivered_plan = NULL;
 static SPIPlanPtr failed_plan = NULL;
-static SPIPlanPtr release_plan = NULL;
+static SPIPlanPtr held_plan = NULL;
+static SPIPlanPtr end_lease_plan = NULL;
 static SPIPlanPtr renew_plan = NULL;
+
+static const char *expire_sql =
+	"DELETE FROM obx.leases l WHERE l.until < now()";
 
 static const char *claim_sql =
 	"WITH blocked AS MATERIALIZED ("
-	"  SELECT DISTINCT b.topic, b.event_key"
+	"  SELECT k.topic, k.event_key"
+	"    FROM obx.leases l, unnest(l.topics, l.keys) AS k(topic, event_key)"
+	"   WHERE l.until >= now()"
+	"  UNION"
+	"  SELECT b.topic, b.event_key"
 	"    FROM obx.outbox_events b"
 	"   WHERE b.published_at IS NULL"
-	"     AND (b.lease_until IS NOT NULL OR b.next_attempt_at > '-infinity'"
-	"          OR b.quarantined_at IS NOT NULL)"
-	"     AND (b.lease_until >= now()"
-	"          OR b.next_attempt_at > now()"
+	"     AND (b.next_attempt_at > '-infinity' OR b.quarantined_at IS NOT NULL)"
+	"     AND (b.next_attempt_at > now()"
 	"          OR (b.quarantined_at IS NOT NULL AND $3))"
-	"), claimable AS ("
-	"  SELECT e.id"
+	"), claimed AS MATERIALIZED ("
+	"  SELECT e.seq, e.id, e.topic, e.event_key, e.payload::text AS payload,"
+	"         e.event_type, e.attempts,"
+	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
+	"            FROM pg_catalog.jsonb_each_text(e.headers) AS h) AS headers"
 	"    FROM obx.outbox_events e"
 	"   WHERE e.published_at IS NULL"
 	"     AND e.quarantined_at IS NULL"
-	"     AND (e.lease_until IS NULL OR e.lease_until < now())"
 	"     AND e.next_attempt_at <= now()"
 	"     AND (e.topic, e.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
 	"   ORDER BY e.seq"
 	"   LIMIT $4"
-	"), claimed AS ("
-	"  UPDATE obx.outbox_events u"
-	"     SET lease_id = $1, lease_owner = $2,"
-	"         lease_until = now() + make_interval(secs => $5),"
-	"         attempts = u.attempts + 1"
-	"   WHERE u.id = ANY (ARRAY(SELECT c.id FROM claimable c))"
-	"     AND u.published_at IS NULL"
-	"  RETURNING u.seq, u.id, u.topic, u.event_key, u.payload::text,"
-	"            u.event_type, u.attempts,"
-	"            (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
-	"               FROM pg_catalog.jsonb_each_text(u.headers) AS h) AS headers"
+	"), lease AS ("
+	"  INSERT INTO obx.leases (lease_id, owner, until, ids, topics, keys)"
+	"  SELECT $1, $2, now() + make_interval(secs => $5),"
+	"         array_agg(c.id), array_agg(c.topic), array_agg(c.event_key)"
+	"    FROM claimed c"
+	"  HAVING count(c.id) > 0"
 	") SELECT * FROM claimed ORDER BY seq";
 
+/*
+ * Delivered events: published, with where they landed.  No lease check: a
+ * delivery is a fact, whoever reports it (a stale worker's late report
+ * included; the event is then simply not sent again).
+ */
 static const char *delivered_sql =
 	"UPDATE obx.outbox_events e"
 	"   SET published_at = now(), kafka_partition = d.p, kafka_offset = d.o,"
-	"       lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
-	"       quarantined_at = NULL"
+	"       attempts = e.attempts + 1, quarantined_at = NULL"
 	"  FROM unnest($1::uuid[], $2::int4[], $3::int8[]) AS d(id, p, o)"
 	" WHERE e.id = d.id AND e.published_at IS NULL";
+
+/* Whether the batch's lease still exists; locks it until the record commits. */
+static const char *held_sql =
+	"SELECT 1 FROM obx.leases l WHERE l.lease_id = $1 FOR UPDATE";
+
+static const char *end_lease_sql =
+	"DELETE FROM obx.leases l WHERE l.lease_id = $1";
 
 /*
  * A failed event backs off exponentially from obx.backoff_min to
@@ -112,41 +132,36 @@ static const char *delivered_sql =
  * unclassified and it has failed that way obx.max_attempts times (failures
  * counts only those: transient errors never quarantine, however long an
  * outage lasts).  A quarantined event has no backoff, so with
- * obx.quarantine_blocks_key off its key moves on at once.  Only rows still
- * under this batch's lease are touched, so a worker whose lease expired
- * cannot undo a newer claim.
+ * obx.quarantine_blocks_key off its key moves on at once.  Run only while
+ * the batch's lease still exists (held_sql), so a worker whose lease
+ * expired cannot undo a newer claim.  attempts is the attempts that ended,
+ * this one included after the update: the n-th failure waits
+ * obx.backoff_min * 2^(n-1).
  */
 static const char *failed_sql =
 	"WITH f AS ("
 	"  SELECT d.id, d.cls, d.msg, e.failures + (d.cls <> 'transient')::int AS failures,"
 	"         (d.cls = 'permanent'"
-	"          OR (d.cls = 'other' AND e.failures + 1 >= $3)) AS quarantine"
-	"    FROM unnest($1::uuid[], $6::text[], $7::text[]) AS d(id, cls, msg)"
+	"          OR (d.cls = 'other' AND e.failures + 1 >= $2)) AS quarantine"
+	"    FROM unnest($1::uuid[], $5::text[], $6::text[]) AS d(id, cls, msg)"
 	"    JOIN obx.outbox_events e ON e.id = d.id"
 	")"
 	"UPDATE obx.outbox_events e"
 	"   SET last_error = f.msg, last_error_class = f.cls, last_error_at = now(),"
-	"       failures = f.failures,"
-	"       lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
+	"       failures = f.failures, attempts = e.attempts + 1,"
 	"       quarantined_at = CASE WHEN f.quarantine THEN now() END,"
 	"       next_attempt_at = CASE WHEN f.quarantine THEN '-infinity'"
 	"           ELSE now() + make_interval(secs =>"
-	"               least($5::float8, $4::float8 * power(2, least(e.attempts, 40) - 1)) / 1000)"
+	"               least($4::float8, $3::float8 * power(2, least(e.attempts, 40))) / 1000)"
 	"           END"
 	"  FROM f"
-	" WHERE e.id = f.id AND e.lease_id = $2 AND e.published_at IS NULL"
+	" WHERE e.id = f.id AND e.published_at IS NULL"
 	" RETURNING e.id::text, e.topic, e.quarantined_at IS NOT NULL, e.next_attempt_at";
 
-static const char *release_sql =
-	"UPDATE obx.outbox_events e"
-	"   SET lease_id = NULL, lease_owner = NULL, lease_until = NULL,"
-	"       attempts = greatest(e.attempts - 1, 0)"
-	" WHERE e.id = ANY ($1) AND e.lease_id = $2 AND e.published_at IS NULL";
-
 static const char *renew_sql =
-	"UPDATE obx.outbox_events e"
-	"   SET lease_until = now() + make_interval(secs => $3)"
-	" WHERE e.id = ANY ($1) AND e.lease_id = $2 AND e.published_at IS NULL";
+	"UPDATE obx.leases l"
+	"   SET until = now() + make_interval(secs => $2)"
+	" WHERE l.lease_id = $1";
 
 /*
  * Start a short transaction with SPI connected and a snapshot pushed;
@@ -202,6 +217,7 @@ prepare_plans(void)
 		claim_lock_plan = prepare_kept("SELECT pg_catalog.pg_advisory_xact_lock($1, $2)",
 									   2, types);
 	}
+	expire_plan = prepare_kept(expire_sql, 0, NULL);
 	{
 		Oid types[5] = {INT8OID, INT4OID, BOOLOID, INT4OID, FLOAT8OID};
 
@@ -213,26 +229,29 @@ prepare_plans(void)
 		delivered_plan = prepare_kept(delivered_sql, 3, types);
 	}
 	{
-		Oid types[7] = {UUIDARRAYOID, INT8OID, INT4OID, FLOAT8OID,
-						FLOAT8OID, TEXTARRAYOID, TEXTARRAYOID};
+		Oid types[6] = {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID,
+						TEXTARRAYOID, TEXTARRAYOID};
 
-		failed_plan = prepare_kept(failed_sql, 7, types);
+		failed_plan = prepare_kept(failed_sql, 6, types);
 	}
 	{
-		Oid types[2] = {UUIDARRAYOID, INT8OID};
+		Oid types[1] = {INT8OID};
 
-		release_plan = prepare_kept(release_sql, 2, types);
+		held_plan = prepare_kept(held_sql, 1, types);
+		end_lease_plan = prepare_kept(end_lease_sql, 1, types);
 	}
 	{
-		Oid types[3] = {UUIDARRAYOID, INT8OID, FLOAT8OID};
+		Oid types[2] = {INT8OID, FLOAT8OID};
 
-		renew_plan = prepare_kept(renew_sql, 3, types);
+		renew_plan = prepare_kept(renew_sql, 2, types);
 	}
 }
 
 /*
  * obx_outbox_ready
- *		Whether the obx extension exists in this database.
+ *		Whether the obx extension exists in this database, at a version
+ *		with per-batch leases (1.1; a 1.0 schema needs ALTER EXTENSION obx
+ *		UPDATE first).
  */
 bool
 obx_outbox_ready(void)
@@ -241,7 +260,8 @@ obx_outbox_ready(void)
 	bool ready;
 	int rc;
 
-	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'obx'",
+	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'obx'"
+					 "   AND to_regclass('obx.leases') IS NOT NULL",
 					 true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx extension check failed: %s", SPI_result_code_string(rc));
@@ -321,6 +341,11 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx claim lock failed: %s", SPI_result_code_string(rc));
 
+	/* A statement of its own: the claim's snapshot must see its effect. */
+	rc = SPI_execute_plan(expire_plan, NULL, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "obx could not remove expired leases: %s", SPI_result_code_string(rc));
+
 	args[0] = Int64GetDatum(lease_id);
 	args[1] = Int32GetDatum(worker);
 	args[2] = BoolGetDatum(obx_quarantine_blocks_key);
@@ -354,7 +379,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 		ev->payload = copy_value(tup, desc, 5);
 		ev->payload_len = strlen(ev->payload);
 		ev->event_type = copy_value(tup, desc, 6);
-		ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull));
+		ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull)) + 1;
 		copy_headers(ev, tup, desc, 8);
 		ev->outcome = OBX_OUTCOME_UNSENT;
 	}
@@ -409,7 +434,7 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 {
 	Datum *classes = palloc(sizeof(Datum) * n);
 	Datum *messages = palloc(sizeof(Datum) * n);
-	Datum args[7];
+	Datum args[6];
 	int i;
 	int rc;
 	uint64 j;
@@ -439,12 +464,11 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 						n - OBX_LOGGED_FAILURES),
 				 errdetail("Each one's error is in obx.outbox_events.last_error.")));
 	args[0] = uuid_array(events, n);
-	args[1] = Int64GetDatum(batch->lease_id);
-	args[2] = Int32GetDatum(obx_max_attempts);
-	args[3] = Float8GetDatum((double) obx_backoff_min_ms);
-	args[4] = Float8GetDatum((double) obx_backoff_max_ms);
-	args[5] = PointerGetDatum(construct_array(classes, n, TEXTOID, -1, false, TYPALIGN_INT));
-	args[6] = PointerGetDatum(construct_array(messages, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[1] = Int32GetDatum(obx_max_attempts);
+	args[2] = Float8GetDatum((double) obx_backoff_min_ms);
+	args[3] = Float8GetDatum((double) obx_backoff_max_ms);
+	args[4] = PointerGetDatum(construct_array(classes, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[5] = PointerGetDatum(construct_array(messages, n, TEXTOID, -1, false, TYPALIGN_INT));
 	rc = SPI_execute_plan(failed_plan, args, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "obx could not record publish errors: %s",
@@ -472,28 +496,16 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 	}
 }
 
-static void
-record_released(ObxBatch *batch, ObxEvent **events, int n)
-{
-	Datum args[2];
-	int rc;
-
-	args[0] = uuid_array(events, n);
-	args[1] = Int64GetDatum(batch->lease_id);
-	rc = SPI_execute_plan(release_plan, args, NULL, false, 0);
-	if (rc != SPI_OK_UPDATE)
-		elog(ERROR, "obx could not release events: %s", SPI_result_code_string(rc));
-}
-
 /*
  * obx_outbox_record
  *		Write what Kafka said about a batch, in one short transaction.
  *
  * Delivered events get published_at, partition and offset; failed ones
- * their error, a backoff or quarantine; events never handed to Kafka (or
- * still in flight when the worker gives up on them) are released for the
- * next claim with their attempt given back.  Returns how many events this
- * call marked published.
+ * their error, a backoff or quarantine, but only while the batch's lease
+ * still exists (otherwise another worker may have them already); events
+ * never handed to Kafka (or still in flight when the worker gives up on
+ * them) need no write: ending the lease releases them for the next claim.
+ * Returns how many events this call marked published.
  */
 int
 obx_outbox_record(ObxBatch *batch)
@@ -502,18 +514,17 @@ obx_outbox_record(ObxBatch *batch)
 	MemoryContext caller;
 	ObxEvent **delivered;
 	ObxEvent **failed;
-	ObxEvent **released;
 	int ndelivered = 0;
 	int nfailed = 0;
-	int nreleased = 0;
 	int i;
+	int rc;
+	Datum lease_arg[1];
 
 	if (batch->nevents == 0)
 		return 0;
 
 	delivered = palloc(sizeof(ObxEvent *) * batch->nevents);
 	failed = palloc(sizeof(ObxEvent *) * batch->nevents);
-	released = palloc(sizeof(ObxEvent *) * batch->nevents);
 	for (i = 0; i < batch->nevents; i++)
 	{
 		ObxEvent *ev = &batch->events[i];
@@ -528,19 +539,31 @@ obx_outbox_record(ObxBatch *batch)
 				break;
 			case OBX_OUTCOME_UNSENT:
 			case OBX_OUTCOME_IN_FLIGHT:
-				released[nreleased++] = ev;
 				break;
 		}
 	}
 
 	caller = begin_step("obx: recording deliveries");
 	prepare_plans();
+	lease_arg[0] = Int64GetDatum(batch->lease_id);
 	if (ndelivered > 0)
 		published = record_delivered(delivered, ndelivered);
 	if (nfailed > 0)
-		record_failed(batch, failed, nfailed);
-	if (nreleased > 0)
-		record_released(batch, released, nreleased);
+	{
+		rc = SPI_execute_plan(held_plan, lease_arg, NULL, false, 0);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "obx could not check a lease: %s", SPI_result_code_string(rc));
+		if (SPI_processed == 1)
+			record_failed(batch, failed, nfailed);
+		else
+			ereport(LOG,
+					(errmsg("obx relay lost the lease of %d failed events before recording them",
+							nfailed),
+					 errdetail("Another worker has taken them over.")));
+	}
+	rc = SPI_execute_plan(end_lease_plan, lease_arg, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "obx could not end a lease: %s", SPI_result_code_string(rc));
 	end_step(caller);
 	return published;
 }
@@ -563,15 +586,20 @@ obx_outbox_release_orphans(int worker)
 	int rc;
 	int64 released;
 
-	rc = SPI_execute_with_args("UPDATE obx.outbox_events"
-							   "   SET lease_id = NULL, lease_owner = NULL, lease_until = NULL"
-							   " WHERE lease_owner = $1 AND lease_until IS NOT NULL"
-							   "   AND published_at IS NULL",
+	rc = SPI_execute_with_args("WITH gone AS ("
+							   "  DELETE FROM obx.leases l WHERE l.owner = $1"
+							   "  RETURNING cardinality(l.ids) AS n)"
+							   " SELECT coalesce(sum(n), 0)::int8 FROM gone",
 							   1, types, args, NULL, false, 0);
-	if (rc != SPI_OK_UPDATE)
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "obx could not release orphaned leases: %s",
 			 SPI_result_code_string(rc));
-	released = (int64) SPI_processed;
+	{
+		bool isnull;
+
+		released = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 1, &isnull));
+	}
 	end_step(caller);
 	return released;
 }
@@ -579,29 +607,24 @@ obx_outbox_release_orphans(int worker)
 /*
  * obx_outbox_renew
  *		Extend the lease of a batch still in flight; returns how many of
- *		its events are still held (fewer than expected means the lease
- *		expired and another worker took them over).
+ *		its events are still held: all of them, or none when the lease
+ *		expired and another claim removed it (and may have taken them).
  */
 int
 obx_outbox_renew(ObxBatch *batch)
 {
 	MemoryContext caller = begin_step("obx: renewing lease");
-	ObxEvent **events = palloc(sizeof(ObxEvent *) * batch->nevents);
-	Datum args[3];
+	Datum args[2];
 	int rc;
 	int held;
-	int i;
 
-	for (i = 0; i < batch->nevents; i++)
-		events[i] = &batch->events[i];
 	prepare_plans();
-	args[0] = uuid_array(events, batch->nevents);
-	args[1] = Int64GetDatum(batch->lease_id);
-	args[2] = Float8GetDatum((double) obx_lease_timeout_s);
+	args[0] = Int64GetDatum(batch->lease_id);
+	args[1] = Float8GetDatum((double) obx_lease_timeout_s);
 	rc = SPI_execute_plan(renew_plan, args, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE)
 		elog(ERROR, "obx could not renew a lease: %s", SPI_result_code_string(rc));
-	held = (int) SPI_processed;
+	held = SPI_processed == 1 ? batch->nevents : 0;
 	end_step(caller);
 	return held;
 }

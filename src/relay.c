@@ -389,9 +389,11 @@ obx_relay_main(Datum main_arg)
 
 			/*
 			 * A full batch means a backlog, which the statistics the relay's
-			 * statements are planned from may not have seen yet.
+			 * statements are planned from may not have seen yet.  One
+			 * worker refreshes them for all (an ANALYZE of a large backlog
+			 * costs as much as several batches).
 			 */
-			if (full && GetCurrentTimestamp() >= next_analyze)
+			if (my_worker == 0 && full && GetCurrentTimestamp() >= next_analyze)
 			{
 				obx_outbox_analyze();
 				next_analyze = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),

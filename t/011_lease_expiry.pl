@@ -73,10 +73,10 @@ is(scalar(@wave1), $n1, "wave 1: $n1 events committed");
 
 $node->poll_query_until('postgres', qq{
 	SELECT count(*) = $n1 AND count(DISTINCT lease_id) = 1
-	  FROM obx.outbox_events WHERE lease_until IS NOT NULL})
+	  FROM obx.leased_events})
   or die 'wave 1 was never claimed';
 my ($owner, $old_lease) = split /\|/, $node->safe_psql('postgres',
-	'SELECT DISTINCT lease_owner, lease_id FROM obx.outbox_events');
+	'SELECT DISTINCT lease_owner, lease_id FROM obx.leased_events');
 my ($pid, $batches_before) = split /\|/, $node->safe_psql('postgres',
 	"SELECT pid, batches FROM obx.workers WHERE worker = $owner");
 my $other = 1 - $owner;
@@ -103,8 +103,8 @@ my $t_stop = time();
 
 # The lease runs out and the other worker takes the events over.
 ok($node->poll_query_until('postgres', qq{
-	SELECT count(*) = $n1 FROM obx.outbox_events
-	 WHERE lease_owner = $other AND lease_id <> $old_lease AND lease_until IS NOT NULL}),
+	SELECT count(*) = $n1 FROM obx.leased_events
+	 WHERE lease_owner = $other AND lease_id <> $old_lease}),
 	"worker $other claimed all $n1 events once the lease expired");
 note(sprintf('takeover %.1f s after the stall began', time() - $t_stop));
 
@@ -126,7 +126,7 @@ my $stall = time() - $t_stop;
 cmp_ok($stall, '<', 30, sprintf('the stall (%.1f s) is shorter than obx.delivery_timeout', $stall));
 
 # Wake the stale worker, with its first database step made slow: a
-# session holds a SHARE lock on the outbox, so the worker's lease renewal
+# session holds a SHARE lock on obx.leases, so the worker's lease renewal
 # (the step that would find the lease lost and purge its producer's queue)
 # waits, while its producer, whose threads woke up too, reconnects to the
 # brokers and sends the old batch.  The stale worker's late copies then
@@ -134,7 +134,7 @@ cmp_ok($stall, '<', 30, sprintf('the stall (%.1f s) is shorter than obx.delivery
 # out as duplicates, never as a reorder or a lost record.
 my $log_offset = -s $node->logfile;
 my $blocker = $node->background_psql('postgres');
-$blocker->query_safe('BEGIN; LOCK TABLE obx.outbox_events IN SHARE MODE;');
+$blocker->query_safe('BEGIN; LOCK TABLE obx.leases IN SHARE MODE;');
 resume();
 ok($node->poll_query_until('postgres',
 	"SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $pid"),
@@ -154,8 +154,9 @@ my $noticed = $log =~ /obx relay $owner lost the lease on (\d+) of $n1 events/ ?
 note("the stale worker reported the loss of $noticed of $n1 leased events");
 
 is($node->safe_psql('postgres', q{
-	SELECT count(*) FROM obx.outbox_events
-	 WHERE published_at IS NULL OR lease_id IS NOT NULL OR quarantined_at IS NOT NULL}),
+	SELECT (SELECT count(*) FROM obx.outbox_events
+			 WHERE published_at IS NULL OR quarantined_at IS NOT NULL)
+		   + (SELECT count(*) FROM obx.leases)}),
 	'0', 'the stale worker undid nothing: every event is still published, none leased');
 
 my %committed = map { $_ => 1 } (@wave1, @wave2);

@@ -76,7 +76,7 @@ sub enqueue_wave
 # immediate stop must catch them mid-batch.
 my @committed = enqueue_wave(1, 10);
 $node->poll_query_until('postgres',
-	"SELECT count(*) > 0 FROM obx.outbox_events WHERE lease_until IS NOT NULL")
+	"SELECT count(*) > 0 FROM obx.leased_events")
   or die 'no event was ever claimed';
 
 # The relays hold no row lock while they wait on Kafka: a session can lock
@@ -91,7 +91,7 @@ is($ret, 0, 'every pending row can be locked while the relays wait on Kafka')
   or diag($err);
 
 note('leased before the immediate stop: ' . $node->safe_psql('postgres',
-	'SELECT count(*) FROM obx.outbox_events WHERE lease_until IS NOT NULL'));
+	'SELECT count(*) FROM obx.leased_events'));
 $node->stop('immediate');
 $node->start;
 is($node->safe_psql('postgres',
@@ -106,7 +106,7 @@ push @committed, enqueue_wave(2, 5);
 # ends at most obx.lease_timeout after it), so that the clean restart
 # catches a live worker mid-batch.
 $node->poll_query_until('postgres', qq{
-	SELECT count(*) > 0 FROM obx.outbox_events
+	SELECT count(*) > 0 FROM obx.leased_events
 	 WHERE lease_until >= '$started_at'::timestamptz + interval '$lease_s s'})
   or die 'nothing was claimed after the restart';
 note('workers before the clean restart: ' . $node->safe_psql('postgres',
@@ -140,8 +140,8 @@ my %committed = map { $_ => 1 } @committed;
 my $msgs = broker_holds_exactly($mock, $node, $topic, [ keys %committed ]);
 my $seen = event_ids_at_broker($msgs);
 is($node->safe_psql('postgres', q{
-	SELECT count(*) FROM obx.outbox_events
-	 WHERE quarantined_at IS NOT NULL OR lease_id IS NOT NULL}),
+	SELECT (SELECT count(*) FROM obx.outbox_events WHERE quarantined_at IS NOT NULL)
+		   + (SELECT count(*) FROM obx.leases)}),
 	'0', 'nothing quarantined, no lease left behind');
 
 note(sprintf('%d messages, %d distinct events, %d duplicates; wall time %.1f s',

@@ -64,8 +64,7 @@ BEGIN
 				 WHERE published_at IS NULL ORDER BY seq LIMIT batch_size) s;
 		EXIT WHEN ids IS NULL;
 		UPDATE bench.update_baseline e
-		   SET published_at = now(), kafka_partition = d.p, kafka_offset = d.o,
-			   lease_id = NULL, lease_owner = NULL, lease_until = NULL
+		   SET published_at = now(), kafka_partition = d.p, kafka_offset = d.o
 		  FROM unnest(ids, array_fill(0, ARRAY[cardinality(ids)]),
 					  ARRAY(SELECT generate_series(total, total + cardinality(ids) - 1)))
 			   AS d(id, p, o)

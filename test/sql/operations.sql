@@ -5,7 +5,8 @@
 --
 -- No relay runs (obx.workers = 0), so the states a relay would produce are
 -- written directly, as superuser, the way the relay writes them: published
--- (published_at, partition, offset), leased (lease_until in the future),
+-- (published_at, partition, offset), leased (a row in obx.leases whose
+-- until is in the future),
 -- backing off (last_error, next_attempt_at in the future), quarantined
 -- (quarantined_at, last_error).
 --
@@ -14,18 +15,20 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.outbox_events, obx.processed_events;
+TRUNCATE obx.outbox_events, obx.processed_events, obx.leases;
 
 -- orders.placed.v1: pending, leased, and pending again after its lease expired.
 SELECT obx.enqueue('orders.placed.v1', 'ord_1', '{"n": 1}', event_id => '00000000-0000-4000-8000-000000000101');
 SELECT obx.enqueue('orders.placed.v1', 'ord_2', '{"n": 2}', event_id => '00000000-0000-4000-8000-000000000102');
 SELECT obx.enqueue('orders.placed.v1', 'ord_3', '{"n": 3}', event_id => '00000000-0000-4000-8000-000000000103');
+INSERT INTO obx.leases (lease_id, owner, until, ids, topics, keys) VALUES
+	(1, 0, now() + interval '1 hour', ARRAY['00000000-0000-4000-8000-000000000102']::uuid[],
+	 ARRAY['orders.placed.v1'], ARRAY['ord_2']),
+	(2, 1, now() - interval '1 hour', ARRAY['00000000-0000-4000-8000-000000000103']::uuid[],
+	 ARRAY['orders.placed.v1'], ARRAY['ord_3']);
 UPDATE obx.outbox_events
-   SET lease_id = 1, lease_owner = 0, lease_until = now() + interval '1 hour', attempts = 1
- WHERE id = '00000000-0000-4000-8000-000000000102';
-UPDATE obx.outbox_events
-   SET lease_id = 2, lease_owner = 1, lease_until = now() - interval '1 hour', attempts = 1
- WHERE id = '00000000-0000-4000-8000-000000000103';
+   SET attempts = 1
+ WHERE id IN ('00000000-0000-4000-8000-000000000102', '00000000-0000-4000-8000-000000000103');
 
 -- orders.paid.v1: two published, one backing off after a failed attempt.
 SELECT obx.enqueue('orders.paid.v1', 'ord_1', '{"n": 4}', event_id => '00000000-0000-4000-8000-000000000201');
@@ -147,7 +150,7 @@ SELECT obx.replay(ARRAY['00000000-0000-4000-8000-000000000201',   -- published
                         '00000000-0000-4000-8000-000000000203',   -- never published
                         '00000000-0000-4000-8000-00000000dead']::uuid[]) AS replayed;
 SELECT id, published_at IS NULL AS unpublished, kafka_partition, kafka_offset, attempts,
-       next_attempt_at = '-infinity' AS due_now, lease_until
+       next_attempt_at = '-infinity' AS due_now
   FROM obx.outbox_events WHERE topic = 'orders.paid.v1' ORDER BY seq;
 SELECT count(*) AS paid_events, bool_or(id = '00000000-0000-4000-8000-000000000201' AND seq = :seq_201) AS replayed_event_keeps_seq
   FROM obx.outbox_events WHERE topic = 'orders.paid.v1';
