@@ -38,7 +38,6 @@ struct ObxProducer
 	rd_kafka_t *rk;
 	rd_kafka_queue_t *mainq;
 	int pipefd[2];
-	ObxBatch *batch;               /* batch whose reports we expect, or NULL */
 	bool fatal;                    /* idempotence broke: rebuild the producer */
 	TimestampTz broker_trouble_at; /* last connection error, or 0 */
 	TimestampTz delivered_at;      /* last successful delivery, or 0 */
@@ -55,16 +54,17 @@ static void
 dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 {
 	ObxProducer *producer = (ObxProducer *) opaque;
-	intptr_t idx = (intptr_t) msg->_private - 1;
-	ObxEvent *ev;
+	ObxEvent *ev = (ObxEvent *) msg->_private;
 
-	if (producer->batch == NULL || idx < 0 || idx >= producer->batch->nevents)
-		return;
-	ev = &producer->batch->events[idx];
-	if (ev->outcome != OBX_OUTCOME_IN_FLIGHT)
+	/*
+	 * The event's batch is still in memory: the relay frees a batch only
+	 * once every report of it has arrived, or after destroying the
+	 * producer, which serves all outstanding reports first.
+	 */
+	if (ev == NULL || ev->outcome != OBX_OUTCOME_IN_FLIGHT)
 		return;
 
-	producer->batch->in_flight--;
+	ev->batch->in_flight--;
 	if (msg->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE ||
 		msg->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
 	{
@@ -280,9 +280,9 @@ obx_kafka_create(char *errbuf, size_t errlen)
  * obx_kafka_destroy
  *		Flush for up to flush_ms, purge what is left, and free everything.
  *
- * Reports of purged events still land in the attached batch (as unsent:
- * the events are released and re-sent, their attempt given back) before it
- * is detached.
+ * Reports of purged events still land in their batches (as unsent: the
+ * events are released and re-sent, the attempt not counted) before this
+ * returns, so the caller may record and free the batches afterwards.
  */
 void
 obx_kafka_destroy(ObxProducer *producer, int flush_ms)
@@ -296,7 +296,6 @@ obx_kafka_destroy(ObxProducer *producer, int flush_ms)
 		rd_kafka_purge(producer->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 		while (rd_kafka_poll(producer->rk, 0) > 0)
 			;
-		producer->batch = NULL;
 		if (producer->mainq != NULL)
 		{
 			rd_kafka_queue_io_event_enable(producer->mainq, -1, NULL, 0);
@@ -309,17 +308,6 @@ obx_kafka_destroy(ObxProducer *producer, int flush_ms)
 	if (producer->pipefd[1] >= 0)
 		close(producer->pipefd[1]);
 	pfree(producer);
-}
-
-/*
- * obx_kafka_detach
- *		Stop routing delivery reports into the current batch; call once
- *		the batch has no events in flight.
- */
-void
-obx_kafka_detach(ObxProducer *producer)
-{
-	producer->batch = NULL;
 }
 
 int
@@ -356,8 +344,8 @@ key_held_back(ObxBatch *batch, int upto, ObxEvent **held, int nheld)
  *
  * An event librdkafka refuses at once is marked FAILED, and the later
  * events of its key in the batch are left UNSENT so they cannot overtake
- * it.  The batch stays attached: delivery reports land in it while the
- * caller serves the producer.
+ * it.  Delivery reports land in the batch while the caller serves the
+ * producer; several batches may be in flight at once.
  */
 void
 obx_kafka_produce(ObxProducer *producer, ObxBatch *batch)
@@ -366,7 +354,6 @@ obx_kafka_produce(ObxProducer *producer, ObxBatch *batch)
 	int nheld = 0;
 	int i;
 
-	producer->batch = batch;
 	batch->in_flight = 0;
 
 	for (i = 0; i < batch->nevents; i++)
@@ -376,6 +363,7 @@ obx_kafka_produce(ObxProducer *producer, ObxBatch *batch)
 		rd_kafka_resp_err_t err;
 		int h;
 
+		ev->batch = batch;
 		if (nheld > 0 && key_held_back(batch, i, held, nheld))
 		{
 			ev->outcome = OBX_OUTCOME_UNSENT;
@@ -398,7 +386,7 @@ obx_kafka_produce(ObxProducer *producer, ObxBatch *batch)
 									RD_KAFKA_V_VALUE(ev->payload, ev->payload_len),
 									RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
 									RD_KAFKA_V_HEADERS(hdrs),
-									RD_KAFKA_V_OPAQUE((void *) (intptr_t) (i + 1)),
+									RD_KAFKA_V_OPAQUE(ev),
 									RD_KAFKA_V_END);
 			if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
 				break;

@@ -324,30 +324,51 @@ obx_shmem_startup(void)
 		obx_shared->nworkers = obx_workers;
 		for (i = 0; i < OBX_MAX_WORKERS; i++)
 			SpinLockInit(&obx_shared->workers[i].mutex);
+		pg_atomic_init_u32(&obx_shared->next_wake, 0);
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
 
 /*
  * obx_wake_workers
- *		Set the latch of every running relay worker.
+ *		Set the latch of one running relay worker: an idle one if there is
+ *		one, taken in turn.
  *
- * Called from a commit callback, so it must not fail: it only reads the
- * slots and sets latches, which is safe at any time.
+ * One is enough: a worker claims everything claimable up to a batch, and a
+ * busy worker claims again as soon as it has room in its pipeline.  Waking
+ * all of them for every commit made them all run a claim, all but one for
+ * nothing.  Called from a commit callback, so it must not fail: it only
+ * reads the slots (state without the lock: a stale read wakes a busy
+ * worker, which is harmless) and sets a latch.
  */
 void
 obx_wake_workers(void)
 {
+	int n;
+	int start;
 	int i;
+	Latch *fallback = NULL;
 
-	if (obx_shared == NULL)
+	if (obx_shared == NULL || obx_shared->nworkers == 0)
 		return;
 
-	for (i = 0; i < obx_shared->nworkers; i++)
+	n = obx_shared->nworkers;
+	start = (int) (pg_atomic_fetch_add_u32(&obx_shared->next_wake, 1) % n);
+	for (i = 0; i < n; i++)
 	{
-		Latch *latch = obx_shared->workers[i].latch;
+		ObxWorkerSlot *slot = &obx_shared->workers[(start + i) % n];
+		Latch *latch = slot->latch;
 
-		if (latch != NULL)
+		if (latch == NULL)
+			continue;
+		if (slot->state == OBX_STATE_IDLE)
+		{
 			SetLatch(latch);
+			return;
+		}
+		if (fallback == NULL)
+			fallback = latch;
 	}
+	if (fallback != NULL)
+		SetLatch(fallback);
 }

@@ -23,6 +23,7 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "port/atomics.h"
 #include "storage/latch.h"
 #include "storage/spin.h"
 #include "utils/uuid.h"
@@ -94,6 +95,7 @@ typedef struct ObxWorkerSlot
 typedef struct ObxShared
 {
 	int nworkers;
+	pg_atomic_uint32 next_wake; /* round robin of obx_wake_workers */
 	ObxWorkerSlot workers[OBX_MAX_WORKERS];
 } ObxShared;
 
@@ -138,6 +140,7 @@ typedef struct ObxEvent
 	char **header_values;
 	int attempts; /* including this one */
 
+	struct ObxBatch *batch; /* the batch it belongs to, for its reports */
 	ObxOutcome outcome;
 	int err; /* rd_kafka_resp_err_t when FAILED */
 	ObxErrorClass error_class;
@@ -163,7 +166,7 @@ extern void obx_wake_workers(void);
 extern PGDLLEXPORT void obx_relay_main(Datum main_arg);
 
 /* outbox.c: each call is one short transaction of its own */
-extern bool obx_outbox_ready(void);
+extern int obx_outbox_ready(void);
 extern bool obx_outbox_claim(ObxBatch *batch, int worker);
 extern int obx_outbox_record(ObxBatch *batch);
 extern int obx_outbox_renew(ObxBatch *batch);
@@ -177,7 +180,6 @@ extern ObxProducer *obx_kafka_create(char *errbuf, size_t errlen);
 extern void obx_kafka_destroy(ObxProducer *producer, int flush_ms);
 extern int obx_kafka_event_fd(ObxProducer *producer);
 extern void obx_kafka_produce(ObxProducer *producer, ObxBatch *batch);
-extern void obx_kafka_detach(ObxProducer *producer);
 extern void obx_kafka_serve(ObxProducer *producer);
 extern void obx_kafka_purge(ObxProducer *producer);
 extern bool obx_kafka_broken(ObxProducer *producer);

@@ -47,6 +47,7 @@
 #include "pgstat.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -90,8 +91,9 @@ static const char *claim_sql =
 	"), claimed AS MATERIALIZED ("
 	"  SELECT e.seq, e.id, e.topic, e.event_key, e.payload::text AS payload,"
 	"         e.event_type, e.attempts,"
-	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
-	"            FROM pg_catalog.jsonb_each_text(e.headers) AS h) AS headers"
+	"         CASE WHEN e.headers IS NOT NULL THEN"
+	"           (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
+	"              FROM pg_catalog.jsonb_each_text(e.headers) AS h) END AS headers"
 	"    FROM obx.outbox_events e"
 	"   WHERE e.published_at IS NULL"
 	"     AND e.quarantined_at IS NULL"
@@ -249,25 +251,33 @@ prepare_plans(void)
 
 /*
  * obx_outbox_ready
- *		Whether the obx extension exists in this database, at a version
- *		with per-batch leases (1.1; a 1.0 schema needs ALTER EXTENSION obx
- *		UPDATE first).
+ *		0 when the obx extension is missing from this database, 1 when its
+ *		schema predates per-batch leases (1.0: ALTER EXTENSION obx UPDATE
+ *		is needed), 2 when the relay can run.
  */
-bool
+int
 obx_outbox_ready(void)
 {
 	MemoryContext caller = begin_step("obx: checking for the extension");
-	bool ready;
+	int state = 0;
 	int rc;
 
-	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'obx'"
-					 "   AND to_regclass('obx.leases') IS NOT NULL",
+	rc = SPI_execute("SELECT to_regclass('obx.leases') IS NOT NULL"
+					 "  FROM pg_catalog.pg_extension WHERE extname = 'obx'",
 					 true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx extension check failed: %s", SPI_result_code_string(rc));
-	ready = (SPI_processed == 1);
+	if (SPI_processed == 1)
+	{
+		bool isnull;
+
+		state = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+										   SPI_tuptable->tupdesc, 1, &isnull))
+					? 2
+					: 1;
+	}
 	end_step(caller);
-	return ready;
+	return state;
 }
 
 static char *
@@ -544,6 +554,14 @@ obx_outbox_record(ObxBatch *batch)
 	}
 
 	caller = begin_step("obx: recording deliveries");
+
+	/*
+	 * The record needs no flush of its own: if a crash loses it, the
+	 * events are still unpublished and are sent again with the same ids
+	 * (at least once).  Only the claim must be durable (see relay.c).
+	 */
+	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
+							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
 	prepare_plans();
 	lease_arg[0] = Int64GetDatum(batch->lease_id);
 	if (ndelivered > 0)

@@ -5,6 +5,13 @@
  *	  Kafka, wait for the delivery reports while serving the latch, SIGHUP
  *	  and SIGTERM, then record the outcome (another short transaction).
  *
+ * Up to OBX_PIPELINE batches are in flight at once: while one batch waits
+ * for its acknowledgements, the worker claims and produces the next, and
+ * records the first when its reports are in.  A batch is claimed while the
+ * leases of the worker's other batches are live, so it never holds an
+ * event of their keys: per-key order does not depend on which batch is
+ * acknowledged first.
+ *
  * No transaction is open while the worker waits on Kafka; the only database
  * work during the wait is a lease renewal, itself a short transaction.
  * Any unexpected error ends the worker with exit status 1 and the
@@ -77,7 +84,7 @@ kafka_settings(void)
 /*
  * Reload the configuration on SIGHUP.  A change of anything the producer
  * is built from marks it for rebuilding: the batch in flight is purged and
- * released (publish_batch), and the next claim uses a new producer.
+ * released (serve_flights), and the next claim uses a new producer.
  */
 static void
 process_reload(void)
@@ -132,86 +139,75 @@ ms_until(TimestampTz t)
 }
 
 /*
- * publish_batch
- *		Produce a claimed batch and wait for every delivery report, then
- *		record the outcome.
- *
- * While waiting, renews the lease every third of obx.lease_timeout.  If
- * the renewal finds the lease lost (the worker stalled and another took
- * the events over), events not yet sent are purged.  On shutdown it waits
- * at most obx.shutdown_timeout, and on a change of Kafka settings not at
- * all; whatever is still in flight then is released and re-sent later with
- * the same ids (by the new producer, after a settings change).
+ * A claimed batch on its way to Kafka, with its own memory.
+ */
+typedef struct Flight
+{
+	bool used;
+	MemoryContext cxt;
+	ObxBatch batch;
+	TimestampTz claimed_since;
+	TimestampTz produced_since;
+	TimestampTz renew_at;
+} Flight;
+
+#define OBX_PIPELINE 2
+
+static Flight flights[OBX_PIPELINE];
+static int nflights = 0;
+static TimestampTz give_up_at = 0; /* shutting down: stop waiting then */
+
+/*
+ * Claim a batch into a free flight and produce it.  Returns false when
+ * there was nothing to claim.
+ */
+static bool
+launch_flight(void)
+{
+	Flight *f = NULL;
+	MemoryContext old;
+	int i;
+
+	for (i = 0; i < OBX_PIPELINE && f == NULL; i++)
+		if (!flights[i].used)
+			f = &flights[i];
+	Assert(f != NULL);
+
+	f->cxt = AllocSetContextCreate(TopMemoryContext, "obx relay batch",
+								   ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(f->cxt);
+	f->claimed_since = GetCurrentTimestamp();
+	if (!obx_outbox_claim(&f->batch, my_worker))
+	{
+		MemoryContextSwitchTo(old);
+		MemoryContextDelete(f->cxt);
+		return false;
+	}
+	f->used = true;
+	nflights++;
+	obx_status_set_state(my_worker, OBX_STATE_PRODUCING);
+	f->produced_since = GetCurrentTimestamp();
+	obx_kafka_produce(producer, &f->batch);
+	f->renew_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+											  obx_lease_timeout_s * 1000L / 3);
+	MemoryContextSwitchTo(old);
+	return true;
+}
+
+/*
+ * Record what Kafka said about a flight whose reports are all in (or that
+ * was given up on, with the producer destroyed), and free it.
  */
 static void
-publish_batch(ObxBatch *batch, TimestampTz claimed_since)
+land_flight(Flight *f)
 {
-	TimestampTz renew_at;
-	TimestampTz give_up_at = 0;
-	long renew_every_ms = obx_lease_timeout_s * 1000L / 3;
+	ObxBatch *batch = &f->batch;
+	MemoryContext old = MemoryContextSwitchTo(f->cxt);
 	int delivered;
 	int failed = 0;
 	const char *last_error = NULL;
-	int i;
-
-	TimestampTz produced_since = GetCurrentTimestamp();
 	TimestampTz recorded_since;
-
-	obx_status_set_state(my_worker, OBX_STATE_PRODUCING);
-	obx_kafka_produce(producer, batch);
-	renew_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), renew_every_ms);
-
-	while (batch->in_flight > 0)
-	{
-		long timeout = Max(1, Min(ms_until(renew_at), 1000));
-
-		if (give_up_at != 0)
-			timeout = Max(1, Min(timeout, ms_until(give_up_at)));
-		wait_for_work(timeout);
-
-		obx_status_set_state(my_worker, obx_kafka_brokers_down(producer) ? OBX_STATE_BROKER_DOWN : OBX_STATE_PRODUCING);
-
-		/* New Kafka settings: give these events to the new producer. */
-		if (rebuild_producer)
-			break;
-
-		if (ShutdownRequestPending)
-		{
-			if (give_up_at == 0)
-				give_up_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														 obx_shutdown_timeout_ms);
-			else if (GetCurrentTimestamp() >= give_up_at)
-				break;
-		}
-
-		if (batch->in_flight > 0 && GetCurrentTimestamp() >= renew_at)
-		{
-			int held = obx_outbox_renew(batch);
-
-			if (held < batch->nevents)
-			{
-				ereport(WARNING,
-						(errmsg("obx relay %d lost the lease on %d of %d events",
-								my_worker, batch->nevents - held, batch->nevents),
-						 errdetail("The worker was stalled for longer than obx.lease_timeout; another worker re-sends them.")));
-				obx_kafka_purge(producer);
-			}
-			renew_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-												   renew_every_ms);
-		}
-	}
-
-	if (batch->in_flight > 0)
-	{
-		/*
-		 * Shutting down or rebuilding: purge, so every outcome is final
-		 * before recording.  Purged events are released and re-sent.
-		 */
-		obx_kafka_destroy(producer, 0);
-		producer = NULL;
-	}
-	else
-		obx_kafka_detach(producer);
+	int i;
 
 	for (i = 0; i < batch->nevents; i++)
 	{
@@ -228,15 +224,121 @@ publish_batch(ObxBatch *batch, TimestampTz claimed_since)
 
 	recorded_since = GetCurrentTimestamp();
 	delivered = obx_outbox_record(batch);
-	backoff_until = batch->retry_at;
+	backoff_until = Max(backoff_until, batch->retry_at);
 	obx_status_batch_done(my_worker, delivered, failed, last_error);
 	elog(DEBUG1, "obx relay %d: batch of %d events, %d published, %d failed; claim %.1f ms, Kafka %.1f ms, record %.1f ms",
 		 my_worker, batch->nevents, delivered, failed,
-		 (produced_since - claimed_since) / 1000.0,
-		 (recorded_since - produced_since) / 1000.0,
+		 (f->produced_since - f->claimed_since) / 1000.0,
+		 (recorded_since - f->produced_since) / 1000.0,
 		 (GetCurrentTimestamp() - recorded_since) / 1000.0);
 
-	if (producer != NULL && (rebuild_producer || obx_kafka_broken(producer)))
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(f->cxt);
+	f->used = false;
+	nflights--;
+}
+
+/*
+ * Stop waiting for the flights: destroy the producer, which purges what
+ * is still in librdkafka and serves every outstanding report, then record
+ * them all.  Purged events are released and re-sent later with the same
+ * ids (by a new producer, after a settings change).
+ */
+static void
+abandon_flights(void)
+{
+	int i;
+
+	obx_kafka_destroy(producer, 0);
+	producer = NULL;
+	for (i = 0; i < OBX_PIPELINE; i++)
+		if (flights[i].used)
+			land_flight(&flights[i]);
+	give_up_at = 0;
+}
+
+/*
+ * serve_flights
+ *		Wait a little for delivery reports, then record every flight whose
+ *		reports are all in.
+ *
+ * Renews each flight's lease every third of obx.lease_timeout.  If a
+ * renewal finds the lease lost (the worker stalled and another took the
+ * events over), events not yet sent are purged.  On shutdown it waits at
+ * most obx.shutdown_timeout, and on a change of Kafka settings not at all;
+ * whatever is still in flight then is released.
+ */
+static void
+serve_flights(void)
+{
+	TimestampTz now;
+	long timeout = 1000;
+	bool all_done = true;
+	int i;
+
+	/* Nothing to wait for when a flight is already complete. */
+	for (i = 0; i < OBX_PIPELINE; i++)
+		if (flights[i].used)
+		{
+			if (flights[i].batch.in_flight == 0)
+				timeout = 0;
+			timeout = Min(timeout, Max(1, ms_until(flights[i].renew_at)));
+		}
+	if (give_up_at != 0)
+		timeout = Min(timeout, Max(1, ms_until(give_up_at)));
+	if (timeout > 0)
+		wait_for_work(timeout);
+	else
+	{
+		obx_kafka_serve(producer);
+		process_reload();
+	}
+
+	obx_status_set_state(my_worker, obx_kafka_brokers_down(producer) ? OBX_STATE_BROKER_DOWN : OBX_STATE_PRODUCING);
+
+	if (rebuild_producer)
+	{
+		abandon_flights();
+		return;
+	}
+	if (ShutdownRequestPending)
+	{
+		if (give_up_at == 0)
+			give_up_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													 obx_shutdown_timeout_ms);
+		else if (GetCurrentTimestamp() >= give_up_at)
+		{
+			abandon_flights();
+			return;
+		}
+	}
+
+	now = GetCurrentTimestamp();
+	for (i = 0; i < OBX_PIPELINE; i++)
+	{
+		Flight *f = &flights[i];
+
+		if (!f->used || f->batch.in_flight == 0 || now < f->renew_at)
+			continue;
+		if (obx_outbox_renew(&f->batch) < f->batch.nevents)
+		{
+			ereport(WARNING,
+					(errmsg("obx relay %d lost the lease on %d of %d events",
+							my_worker, f->batch.nevents, f->batch.nevents),
+					 errdetail("The worker was stalled for longer than obx.lease_timeout; another worker re-sends them.")));
+			obx_kafka_purge(producer);
+		}
+		f->renew_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												  obx_lease_timeout_s * 1000L / 3);
+	}
+
+	for (i = 0; i < OBX_PIPELINE; i++)
+		if (flights[i].used && flights[i].batch.in_flight == 0)
+			land_flight(&flights[i]);
+		else if (flights[i].used)
+			all_done = false;
+
+	if (all_done && producer != NULL && obx_kafka_broken(producer))
 	{
 		obx_kafka_destroy(producer, 0);
 		producer = NULL;
@@ -272,7 +374,7 @@ obx_relay_main(Datum main_arg)
 	MemoryContext loop_cxt;
 	bool ready = false;
 	int64 released;
-	bool said_waiting = false;
+	int said_waiting = -1;
 	TimestampTz next_purge = 0;
 	TimestampTz next_analyze = 0;
 	TimestampTz next_producer_try = 0;
@@ -301,14 +403,20 @@ obx_relay_main(Datum main_arg)
 			(errmsg("obx relay %d started for database \"%s\"", my_worker,
 					obx_database)));
 
-	while (!ShutdownRequestPending)
+	while (!ShutdownRequestPending || nflights > 0)
 	{
-		ObxBatch batch;
-		TimestampTz claimed_since;
+		bool launched = false;
 
 		MemoryContextSwitchTo(loop_cxt);
 		MemoryContextReset(loop_cxt);
 		process_reload();
+
+		/* Stopping: no new claims, only the flights still out. */
+		if (ShutdownRequestPending)
+		{
+			serve_flights();
+			continue;
+		}
 
 		if (RecoveryInProgress())
 		{
@@ -319,14 +427,18 @@ obx_relay_main(Datum main_arg)
 
 		if (!ready)
 		{
-			ready = obx_outbox_ready();
+			int state = obx_outbox_ready();
+
+			ready = (state == 2);
 			if (!ready)
 			{
-				if (!said_waiting)
+				if (state != said_waiting)
 					ereport(LOG,
-							(errmsg("obx relay %d is waiting for CREATE EXTENSION obx in database \"%s\"",
+							(errmsg(state == 0
+										? "obx relay %d is waiting for CREATE EXTENSION obx in database \"%s\""
+										: "obx relay %d is waiting for ALTER EXTENSION obx UPDATE in database \"%s\"",
 									my_worker, obx_database)));
-				said_waiting = true;
+				said_waiting = state;
 				obx_status_set_state(my_worker, OBX_STATE_WAITING_FOR_EXTENSION);
 				wait_for_work(obx_poll_interval_ms);
 				continue;
@@ -347,8 +459,11 @@ obx_relay_main(Datum main_arg)
 													 purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);
 		}
 
-		/* New Kafka settings: build the next batch's producer from them. */
-		if (rebuild_producer && producer != NULL)
+		/*
+		 * New Kafka settings: build the next batch's producer from them
+		 * (serve_flights gives the batches in flight up first).
+		 */
+		if (rebuild_producer && producer != NULL && nflights == 0)
 		{
 			obx_kafka_destroy(producer, 0);
 			producer = NULL;
@@ -380,12 +495,25 @@ obx_relay_main(Datum main_arg)
 			}
 		}
 
-		claimed_since = GetCurrentTimestamp();
-		if (obx_outbox_claim(&batch, my_worker))
-		{
-			bool full = (batch.nevents >= obx_batch_size);
+		/* Keep the pipeline full: claim while earlier batches are out. */
+		if (nflights < OBX_PIPELINE && !rebuild_producer && !obx_kafka_broken(producer))
+			launched = launch_flight();
 
-			publish_batch(&batch, claimed_since);
+		if (nflights == 0)
+		{
+			obx_status_set_state(my_worker, idle_state());
+			wait_for_work(obx_poll_interval_ms);
+			continue;
+		}
+
+		if (launched)
+		{
+			int i;
+			bool full = false;
+
+			for (i = 0; i < OBX_PIPELINE; i++)
+				if (flights[i].used && flights[i].batch.nevents >= obx_batch_size)
+					full = true;
 
 			/*
 			 * A full batch means a backlog, which the statistics the relay's
@@ -399,11 +527,12 @@ obx_relay_main(Datum main_arg)
 				next_analyze = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 														   OBX_ANALYZE_INTERVAL_MS);
 			}
-			continue;
+			/* Another slot free: try to claim the next batch at once. */
+			if (nflights < OBX_PIPELINE)
+				continue;
 		}
 
-		obx_status_set_state(my_worker, idle_state());
-		wait_for_work(obx_poll_interval_ms);
+		serve_flights();
 	}
 
 	obx_status_set_state(my_worker, OBX_STATE_STOPPING);
