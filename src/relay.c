@@ -527,13 +527,8 @@ obx_relay_main(Datum main_arg)
 				next_analyze = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 														   OBX_ANALYZE_INTERVAL_MS);
 			}
-			/*
-			 * A full batch means more is waiting: claim the next at once if
-			 * a slot is free.  A partial one took everything claimable; the
-			 * next commit's wake-up (or a landing flight) brings the worker
-			 * back, without an empty claim in between.
-			 */
-			if (full && nflights < OBX_PIPELINE)
+			/* Another slot free: try to claim the next batch at once. */
+			if (nflights < OBX_PIPELINE)
 				continue;
 		}
 
