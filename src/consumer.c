@@ -100,16 +100,6 @@ kafka_settings(void)
 	return psprintf("%s|%s", obx_brokers, obx_kafka_properties);
 }
 
-static void
-consumer_log_callback(const rd_kafka_t *rk, int level, const char *fac,
-					  const char *buf)
-{
-	int elevel = level <= 4 ? LOG : (level <= 6 ? DEBUG1 : DEBUG2);
-
-	ereport(elevel,
-			(errmsg_internal("obx consumer librdkafka %s: %s", fac, buf)));
-}
-
 /*
  * Log a Kafka error of a consumer at most once a minute per distinct
  * message, since librdkafka repeats connection errors while brokers are
@@ -140,20 +130,6 @@ consumer_error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaqu
 	note_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(err), reason));
 }
 
-static bool
-set_conf(rd_kafka_conf_t *conf, const char *name, const char *value,
-		 char *errbuf, size_t errlen)
-{
-	char err[256];
-
-	if (rd_kafka_conf_set(conf, name, value, err, sizeof(err)) != RD_KAFKA_CONF_OK)
-	{
-		snprintf(errbuf, errlen, "librdkafka property \"%s\": %s", name, err);
-		return false;
-	}
-	return true;
-}
-
 /*
  * Build and subscribe the Kafka consumer of a subscription.  Returns false
  * with a message when librdkafka rejects the configuration.
@@ -172,26 +148,26 @@ start_kafka_consumer(Consumer *c, char *errbuf, size_t errlen)
 	 * obx's defaults first, then obx.kafka_properties, then the
 	 * subscription's own; the settings the guarantees rest on last.
 	 */
-	if (!set_conf(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
-		!set_conf(conf, "client.id", "obx-consumer", errbuf, errlen) ||
-		!set_conf(conf, "auto.offset.reset", c->sub.start, errbuf, errlen) ||
-		!set_conf(conf, "auto.commit.interval.ms", "1000", errbuf, errlen) ||
-		!set_conf(conf, "session.timeout.ms", "10000", errbuf, errlen) ||
-		!set_conf(conf, "topic.metadata.refresh.interval.ms", "10000", errbuf, errlen) ||
+	if (!obx_kafka_set(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
+		!obx_kafka_set(conf, "client.id", "obx-consumer", errbuf, errlen) ||
+		!obx_kafka_set(conf, "auto.offset.reset", c->sub.start, errbuf, errlen) ||
+		!obx_kafka_set(conf, "auto.commit.interval.ms", "1000", errbuf, errlen) ||
+		!obx_kafka_set(conf, "session.timeout.ms", "10000", errbuf, errlen) ||
+		!obx_kafka_set(conf, "topic.metadata.refresh.interval.ms", "10000", errbuf, errlen) ||
 		!obx_kafka_user_properties(conf, errbuf, errlen))
 		goto fail;
 	for (i = 0; i < c->sub.nkafka; i++)
-		if (!set_conf(conf, c->sub.kafka_names[i], c->sub.kafka_values[i],
-					  errbuf, errlen))
+		if (!obx_kafka_set(conf, c->sub.kafka_names[i], c->sub.kafka_values[i],
+						   errbuf, errlen))
 			goto fail;
-	if (!set_conf(conf, "group.id", c->sub.name, errbuf, errlen) ||
-		!set_conf(conf, "enable.auto.offset.store", "false", errbuf, errlen) ||
-		!set_conf(conf, "enable.partition.eof", "false", errbuf, errlen) ||
-		!set_conf(conf, "log.queue", "true", errbuf, errlen))
+	if (!obx_kafka_set(conf, "group.id", c->sub.name, errbuf, errlen) ||
+		!obx_kafka_set(conf, "enable.auto.offset.store", "false", errbuf, errlen) ||
+		!obx_kafka_set(conf, "enable.partition.eof", "false", errbuf, errlen) ||
+		!obx_kafka_set(conf, "log.queue", "true", errbuf, errlen))
 		goto fail;
 
 	rd_kafka_conf_set_opaque(conf, c);
-	rd_kafka_conf_set_log_cb(conf, consumer_log_callback);
+	rd_kafka_conf_set_log_cb(conf, obx_kafka_log);
 	rd_kafka_conf_set_error_cb(conf, consumer_error_callback);
 
 	sigfillset(&all);

@@ -122,43 +122,6 @@ typedef struct InboundEvent
 	char *malformed_why;
 } InboundEvent;
 
-static MemoryContext
-begin_step(const char *activity)
-{
-	MemoryContext caller = CurrentMemoryContext;
-
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "obx could not connect to SPI");
-	PushActiveSnapshot(GetTransactionSnapshot());
-	pgstat_report_activity(STATE_RUNNING, activity);
-	return caller;
-}
-
-static void
-end_step(MemoryContext caller)
-{
-	SPI_finish();
-	PopActiveSnapshot();
-	CommitTransactionCommand();
-	pgstat_report_stat(false);
-	pgstat_report_activity(STATE_IDLE, NULL);
-	MemoryContextSwitchTo(caller);
-}
-
-static SPIPlanPtr
-prepare_kept(const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr plan = SPI_prepare(sql, nargs, argtypes);
-
-	if (plan == NULL)
-		elog(ERROR, "obx could not prepare a consumer statement: %s",
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
 static void
 prepare_plans(void)
 {
@@ -167,31 +130,31 @@ prepare_plans(void)
 	{
 		Oid types[] = {TEXTOID, TEXTOID};
 
-		mark_plan = prepare_kept("SELECT obx.mark_processed($1, $2)", 2, types);
+		mark_plan = obx_prepare_kept("SELECT obx.mark_processed($1, $2)", 2, types);
 	}
 	{
 		Oid types[] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID,
 					   INT8OID, TEXTOID, TEXTOID, TEXTOID};
 
-		progress_plan = prepare_kept(progress_sql, 10, types);
+		progress_plan = obx_prepare_kept(progress_sql, 10, types);
 	}
 	{
 		Oid types[] = {TEXTOID, TEXTOID, TEXTOID, INT4OID, INT8OID, TEXTOID,
 					   TEXTOID, JSONBOID, JSONBOID, BYTEAOID, TIMESTAMPTZOID,
 					   TEXTOID, TEXTOID, TEXTOID};
 
-		dead_letter_plan = prepare_kept(dead_letter_sql, 14, types);
+		dead_letter_plan = obx_prepare_kept(dead_letter_sql, 14, types);
 	}
 	{
 		Oid types[] = {TEXTOID, TEXTOID, INT4OID, TEXTOID};
 
-		retry_plan = prepare_kept(retry_sql, 4, types);
+		retry_plan = obx_prepare_kept(retry_sql, 4, types);
 	}
 	{
 		Oid types[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
 					   INT8ARRAYOID};
 
-		watermark_plan = prepare_kept(watermark_sql, 5, types);
+		watermark_plan = obx_prepare_kept(watermark_sql, 5, types);
 	}
 }
 
@@ -203,7 +166,7 @@ prepare_plans(void)
 int
 obx_inbox_state(void)
 {
-	MemoryContext caller = begin_step("obx: checking for the extension");
+	MemoryContext caller = obx_step_begin("obx: checking for the extension");
 	int state = 0;
 	int rc;
 
@@ -220,7 +183,7 @@ obx_inbox_state(void)
 
 		state = has ? 2 : 1;
 	}
-	end_step(caller);
+	obx_step_end(caller);
 	return state;
 }
 
@@ -248,7 +211,7 @@ text_array(Datum d, int *n)
 ObxSubscription *
 obx_inbox_subscriptions(int *count)
 {
-	MemoryContext caller = begin_step("obx: reading subscriptions");
+	MemoryContext caller = obx_step_begin("obx: reading subscriptions");
 	ObxSubscription *subs;
 	int rc;
 	uint64 i;
@@ -302,7 +265,7 @@ obx_inbox_subscriptions(int *count)
 		s->signature = TextDatumGetCString(SPI_getbinval(tup, desc, 10, &isnull));
 		MemoryContextSwitchTo(spi);
 	}
-	end_step(caller);
+	obx_step_end(caller);
 	return subs;
 }
 
@@ -790,7 +753,7 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 void
 obx_inbox_note_retry(const ObxInbound *msg, const char *error)
 {
-	MemoryContext caller = begin_step("obx: recording a consumer retry");
+	MemoryContext caller = obx_step_begin("obx: recording a consumer retry");
 	Datum values[4];
 	int rc;
 
@@ -803,7 +766,7 @@ obx_inbox_note_retry(const ObxInbound *msg, const char *error)
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx could not record a consumer retry: %s",
 			 SPI_result_code_string(rc));
-	end_step(caller);
+	obx_step_end(caller);
 }
 
 /*
@@ -814,7 +777,7 @@ void
 obx_inbox_watermarks(const char *consumer, int n, char **topics,
 					 int32 *partitions, int64 *lows, int64 *highs)
 {
-	MemoryContext caller = begin_step("obx: recording consumer watermarks");
+	MemoryContext caller = obx_step_begin("obx: recording consumer watermarks");
 	Datum *t = palloc(sizeof(Datum) * n);
 	Datum *p = palloc(sizeof(Datum) * n);
 	Datum *l = palloc(sizeof(Datum) * n);
@@ -840,5 +803,5 @@ obx_inbox_watermarks(const char *consumer, int n, char **topics,
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx could not record consumer watermarks: %s",
 			 SPI_result_code_string(rc));
-	end_step(caller);
+	obx_step_end(caller);
 }

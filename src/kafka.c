@@ -86,8 +86,13 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 	}
 }
 
-static void
-log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+/*
+ * obx_kafka_log
+ *		librdkafka's log callback, for the producer and the consumers: it
+ *		runs on the worker's own thread (log.queue), inside a poll.
+ */
+void
+obx_kafka_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 {
 	/* Broker trouble also arrives through error_callback, as a WARNING. */
 	int elevel = level <= 4 ? LOG : (level <= 6 ? DEBUG1 : DEBUG2);
@@ -122,9 +127,14 @@ error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 			 errmsg("obx Kafka error %s: %s", rd_kafka_err2name(err), reason)));
 }
 
-static bool
-set_property(rd_kafka_conf_t *conf, const char *name, const char *value,
-			 char *errbuf, size_t errlen)
+/*
+ * obx_kafka_set
+ *		Set one librdkafka property; false with a message naming it when
+ *		librdkafka refuses.  Used for the producer and the consumers alike.
+ */
+bool
+obx_kafka_set(rd_kafka_conf_t *conf, const char *name, const char *value,
+			  char *errbuf, size_t errlen)
 {
 	char err[256];
 
@@ -218,14 +228,14 @@ obx_kafka_create(char *errbuf, size_t errlen)
 	producer->pipefd[0] = producer->pipefd[1] = -1;
 
 	snprintf(timeout, sizeof(timeout), "%d", obx_delivery_timeout_ms);
-	if (!set_property(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
-		!set_property(conf, "client.id", "obx", errbuf, errlen) ||
-		!set_property(conf, "enable.idempotence", "true", errbuf, errlen) ||
-		!set_property(conf, "acks", "all", errbuf, errlen) ||
-		!set_property(conf, "message.timeout.ms", timeout, errbuf, errlen) ||
-		!set_property(conf, "partitioner", "murmur2_random", errbuf, errlen) ||
-		!set_property(conf, "linger.ms", "5", errbuf, errlen) ||
-		!set_property(conf, "log.queue", "true", errbuf, errlen) ||
+	if (!obx_kafka_set(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
+		!obx_kafka_set(conf, "client.id", "obx", errbuf, errlen) ||
+		!obx_kafka_set(conf, "enable.idempotence", "true", errbuf, errlen) ||
+		!obx_kafka_set(conf, "acks", "all", errbuf, errlen) ||
+		!obx_kafka_set(conf, "message.timeout.ms", timeout, errbuf, errlen) ||
+		!obx_kafka_set(conf, "partitioner", "murmur2_random", errbuf, errlen) ||
+		!obx_kafka_set(conf, "linger.ms", "5", errbuf, errlen) ||
+		!obx_kafka_set(conf, "log.queue", "true", errbuf, errlen) ||
 		!obx_kafka_user_properties(conf, errbuf, errlen))
 	{
 		rd_kafka_conf_destroy(conf);
@@ -237,9 +247,9 @@ obx_kafka_create(char *errbuf, size_t errlen)
 	 * idempotence and acks=all, and log.queue keeps librdkafka's threads
 	 * from ever calling into PostgreSQL's logging.
 	 */
-	if (!set_property(conf, "enable.idempotence", "true", errbuf, errlen) ||
-		!set_property(conf, "acks", "all", errbuf, errlen) ||
-		!set_property(conf, "log.queue", "true", errbuf, errlen))
+	if (!obx_kafka_set(conf, "enable.idempotence", "true", errbuf, errlen) ||
+		!obx_kafka_set(conf, "acks", "all", errbuf, errlen) ||
+		!obx_kafka_set(conf, "log.queue", "true", errbuf, errlen))
 	{
 		rd_kafka_conf_destroy(conf);
 		pfree(producer);
@@ -248,7 +258,7 @@ obx_kafka_create(char *errbuf, size_t errlen)
 
 	rd_kafka_conf_set_opaque(conf, producer);
 	rd_kafka_conf_set_dr_msg_cb(conf, dr_callback);
-	rd_kafka_conf_set_log_cb(conf, log_callback);
+	rd_kafka_conf_set_log_cb(conf, obx_kafka_log);
 	rd_kafka_conf_set_error_cb(conf, error_callback);
 
 	sigfillset(&all);

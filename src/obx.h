@@ -165,6 +165,12 @@ extern void obx_wake_workers(void);
 /* relay.c */
 extern PGDLLEXPORT void obx_relay_main(Datum main_arg);
 
+/* outbox.c: the short-transaction steps shared with inbox.c */
+struct _SPI_plan;
+extern MemoryContext obx_step_begin(const char *activity);
+extern void obx_step_end(MemoryContext caller);
+extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argtypes);
+
 /* outbox.c: each call is one short transaction of its own */
 extern int obx_outbox_ready(void);
 extern bool obx_outbox_claim(ObxBatch *batch, int worker);
@@ -191,8 +197,13 @@ extern const char *obx_error_class_name(ObxErrorClass cls);
 
 /* kafka.c, shared with consumer.c */
 struct rd_kafka_conf_s;
+extern bool obx_kafka_set(struct rd_kafka_conf_s *conf, const char *name,
+						  const char *value, char *errbuf, size_t errlen);
 extern bool obx_kafka_user_properties(struct rd_kafka_conf_s *conf,
 									  char *errbuf, size_t errlen);
+struct rd_kafka_s;
+extern void obx_kafka_log(const struct rd_kafka_s *rk, int level,
+						  const char *fac, const char *buf);
 
 /*
  * A subscription as the consumer workers read it from obx.subscriptions.

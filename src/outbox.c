@@ -166,12 +166,13 @@ static const char *renew_sql =
 	" WHERE l.lease_id = $1";
 
 /*
- * Start a short transaction with SPI connected and a snapshot pushed;
- * returns the memory context the caller was in, for results that must
- * outlive the transaction.
+ * obx_step_begin
+ *		Start a short transaction with SPI connected and a snapshot pushed;
+ *		returns the memory context the caller was in, for results that must
+ *		outlive the transaction.  Used by the relay and the consumer alike.
  */
-static MemoryContext
-begin_step(const char *activity)
+MemoryContext
+obx_step_begin(const char *activity)
 {
 	MemoryContext caller = CurrentMemoryContext;
 
@@ -184,8 +185,12 @@ begin_step(const char *activity)
 	return caller;
 }
 
-static void
-end_step(MemoryContext caller)
+/*
+ * obx_step_end
+ *		Commit the step's transaction and go back to the caller's context.
+ */
+void
+obx_step_end(MemoryContext caller)
 {
 	SPI_finish();
 	PopActiveSnapshot();
@@ -195,13 +200,17 @@ end_step(MemoryContext caller)
 	MemoryContextSwitchTo(caller);
 }
 
-static SPIPlanPtr
-prepare_kept(const char *sql, int nargs, Oid *argtypes)
+/*
+ * obx_prepare_kept
+ *		Prepare a statement once for the life of the worker.
+ */
+SPIPlanPtr
+obx_prepare_kept(const char *sql, int nargs, Oid *argtypes)
 {
 	SPIPlanPtr plan = SPI_prepare(sql, nargs, argtypes);
 
 	if (plan == NULL)
-		elog(ERROR, "obx could not prepare a relay statement: %s",
+		elog(ERROR, "obx could not prepare a statement: %s",
 			 SPI_result_code_string(SPI_result));
 	SPI_keepplan(plan);
 	return plan;
@@ -216,36 +225,36 @@ prepare_plans(void)
 	{
 		Oid types[2] = {INT4OID, INT4OID};
 
-		claim_lock_plan = prepare_kept("SELECT pg_catalog.pg_advisory_xact_lock($1, $2)",
-									   2, types);
+		claim_lock_plan = obx_prepare_kept("SELECT pg_catalog.pg_advisory_xact_lock($1, $2)",
+										   2, types);
 	}
-	expire_plan = prepare_kept(expire_sql, 0, NULL);
+	expire_plan = obx_prepare_kept(expire_sql, 0, NULL);
 	{
 		Oid types[5] = {INT8OID, INT4OID, BOOLOID, INT4OID, FLOAT8OID};
 
-		claim_plan = prepare_kept(claim_sql, 5, types);
+		claim_plan = obx_prepare_kept(claim_sql, 5, types);
 	}
 	{
 		Oid types[3] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
 
-		delivered_plan = prepare_kept(delivered_sql, 3, types);
+		delivered_plan = obx_prepare_kept(delivered_sql, 3, types);
 	}
 	{
 		Oid types[6] = {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID,
 						TEXTARRAYOID, TEXTARRAYOID};
 
-		failed_plan = prepare_kept(failed_sql, 6, types);
+		failed_plan = obx_prepare_kept(failed_sql, 6, types);
 	}
 	{
 		Oid types[1] = {INT8OID};
 
-		held_plan = prepare_kept(held_sql, 1, types);
-		end_lease_plan = prepare_kept(end_lease_sql, 1, types);
+		held_plan = obx_prepare_kept(held_sql, 1, types);
+		end_lease_plan = obx_prepare_kept(end_lease_sql, 1, types);
 	}
 	{
 		Oid types[2] = {INT8OID, FLOAT8OID};
 
-		renew_plan = prepare_kept(renew_sql, 2, types);
+		renew_plan = obx_prepare_kept(renew_sql, 2, types);
 	}
 }
 
@@ -258,7 +267,7 @@ prepare_plans(void)
 int
 obx_outbox_ready(void)
 {
-	MemoryContext caller = begin_step("obx: checking for the extension");
+	MemoryContext caller = obx_step_begin("obx: checking for the extension");
 	int state = 0;
 	int rc;
 
@@ -276,7 +285,7 @@ obx_outbox_ready(void)
 					? 2
 					: 1;
 	}
-	end_step(caller);
+	obx_step_end(caller);
 	return state;
 }
 
@@ -330,7 +339,7 @@ copy_headers(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
 bool
 obx_outbox_claim(ObxBatch *batch, int worker)
 {
-	MemoryContext caller = begin_step("obx: claiming events");
+	MemoryContext caller = obx_step_begin("obx: claiming events");
 	Datum lock_args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
 						  Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
 	Datum args[5];
@@ -394,7 +403,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 		ev->outcome = OBX_OUTCOME_UNSENT;
 	}
 
-	end_step(caller);
+	obx_step_end(caller);
 	return batch->nevents > 0;
 }
 
@@ -553,7 +562,7 @@ obx_outbox_record(ObxBatch *batch)
 		}
 	}
 
-	caller = begin_step("obx: recording deliveries");
+	caller = obx_step_begin("obx: recording deliveries");
 
 	/*
 	 * The record needs no flush of its own: if a crash loses it, the
@@ -582,7 +591,7 @@ obx_outbox_record(ObxBatch *batch)
 	rc = SPI_execute_plan(end_lease_plan, lease_arg, NULL, false, 0);
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "obx could not end a lease: %s", SPI_result_code_string(rc));
-	end_step(caller);
+	obx_step_end(caller);
 	return published;
 }
 
@@ -598,7 +607,7 @@ obx_outbox_record(ObxBatch *batch)
 int64
 obx_outbox_release_orphans(int worker)
 {
-	MemoryContext caller = begin_step("obx: releasing orphaned leases");
+	MemoryContext caller = obx_step_begin("obx: releasing orphaned leases");
 	Oid types[1] = {INT4OID};
 	Datum args[1] = {Int32GetDatum(worker)};
 	int rc;
@@ -618,7 +627,7 @@ obx_outbox_release_orphans(int worker)
 		released = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 											   SPI_tuptable->tupdesc, 1, &isnull));
 	}
-	end_step(caller);
+	obx_step_end(caller);
 	return released;
 }
 
@@ -631,7 +640,7 @@ obx_outbox_release_orphans(int worker)
 int
 obx_outbox_renew(ObxBatch *batch)
 {
-	MemoryContext caller = begin_step("obx: renewing lease");
+	MemoryContext caller = obx_step_begin("obx: renewing lease");
 	Datum args[2];
 	int rc;
 	int held;
@@ -643,7 +652,7 @@ obx_outbox_renew(ObxBatch *batch)
 	if (rc != SPI_OK_UPDATE)
 		elog(ERROR, "obx could not renew a lease: %s", SPI_result_code_string(rc));
 	held = SPI_processed == 1 ? batch->nevents : 0;
-	end_step(caller);
+	obx_step_end(caller);
 	return held;
 }
 
@@ -660,13 +669,13 @@ obx_outbox_renew(ObxBatch *batch)
 void
 obx_outbox_analyze(void)
 {
-	MemoryContext caller = begin_step("obx: analyzing the outbox");
+	MemoryContext caller = obx_step_begin("obx: analyzing the outbox");
 	int rc;
 
 	rc = SPI_execute("ANALYZE obx.outbox_events", false, 0);
 	if (rc != SPI_OK_UTILITY)
 		elog(ERROR, "obx could not analyze the outbox: %s", SPI_result_code_string(rc));
-	end_step(caller);
+	obx_step_end(caller);
 }
 
 /*
@@ -687,7 +696,7 @@ obx_outbox_purge(void)
 	if (obx_retention_s == 0 && obx_processed_retention_s == 0)
 		return 0;
 
-	caller = begin_step("obx: purging old rows");
+	caller = obx_step_begin("obx: purging old rows");
 	args[1] = Int32GetDatum(OBX_PURGE_BATCH);
 	if (obx_retention_s > 0)
 	{
@@ -715,6 +724,6 @@ obx_outbox_purge(void)
 			elog(ERROR, "obx dedupe purge failed: %s", SPI_result_code_string(rc));
 		purged += SPI_processed;
 	}
-	end_step(caller);
+	obx_step_end(caller);
 	return purged;
 }
