@@ -832,5 +832,6 @@ obx_consumer_main(Datum main_arg)
 
 	stop_all();
 	ereport(LOG, (errmsg("obx consumer %d stopped", my_worker)));
-	proc_exit(0);
+	/* Status 1: restarted after a pg_terminate_backend() (see relay.c). */
+	proc_exit(1);
 }

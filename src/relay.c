@@ -539,5 +539,12 @@ obx_relay_main(Datum main_arg)
 	obx_kafka_destroy(producer, 0);
 	producer = NULL;
 	ereport(LOG, (errmsg("obx relay %d stopped", my_worker)));
-	proc_exit(0);
+
+	/*
+	 * Exit status 1, not 0: the postmaster unregisters a worker that exits
+	 * with 0, so a pg_terminate_backend() would stop the relay until the
+	 * next server start.  With 1 it comes back after bgw_restart_time; at
+	 * server shutdown nothing is restarted either way.
+	 */
+	proc_exit(1);
 }

@@ -144,6 +144,23 @@ is($node->safe_psql('postgres', q{
 		   + (SELECT count(*) FROM obx.leases)}),
 	'0', 'nothing quarantined, no lease left behind');
 
+# A worker stopped with pg_terminate_backend() comes back (the postmaster
+# does not restart a worker that exits with status 0), and keeps publishing.
+for my $type ('obx relay', 'obx consumer')
+{
+	my $old = $node->safe_psql('postgres',
+		"SELECT min(pid) FROM pg_stat_activity WHERE backend_type = '$type'");
+	my $count = $node->safe_psql('postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = '$type'");
+	$node->safe_psql('postgres', "SELECT pg_terminate_backend($old)");
+	ok($node->poll_query_until('postgres', qq{
+		SELECT count(*) = $count AND bool_and(pid <> $old)
+		  FROM pg_stat_activity WHERE backend_type = '$type'}),
+		"a $type worker stopped by pg_terminate_backend() is started again");
+}
+my $after = $node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'after_terminate', '{}')");
+ok(all_published($node), 'the restarted relay publishes');
+
 note(sprintf('%d messages, %d distinct events, %d duplicates; wall time %.1f s',
 	scalar(@$msgs), scalar(keys %$seen), scalar(@$msgs) - scalar(keys %$seen),
 	time() - $t0));
