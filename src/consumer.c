@@ -793,7 +793,7 @@ obx_consumer_main(Datum main_arg)
 		now = GetCurrentTimestamp();
 		if (now >= next_refresh)
 		{
-			int state = obx_inbox_state();
+			int state = obx_extension_state("obx.subscriptions");
 
 			next_refresh = TimestampTzPlusMilliseconds(now, obx_poll_interval_ms);
 			if (state != said_state && state < 2)

@@ -158,35 +158,6 @@ prepare_plans(void)
 	}
 }
 
-/*
- * obx_inbox_state
- *		0 when the extension is missing, 1 when it predates the consumer
- *		(1.0: ALTER EXTENSION obx UPDATE is needed), 2 when ready.
- */
-int
-obx_inbox_state(void)
-{
-	MemoryContext caller = obx_step_begin("obx: checking for the extension");
-	int state = 0;
-	int rc;
-
-	rc = SPI_execute("SELECT to_regclass('obx.subscriptions') IS NOT NULL"
-					 "  FROM pg_catalog.pg_extension WHERE extname = 'obx'",
-					 true, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "obx extension check failed: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 1)
-	{
-		bool isnull;
-		bool has = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-											  SPI_tuptable->tupdesc, 1, &isnull));
-
-		state = has ? 2 : 1;
-	}
-	obx_step_end(caller);
-	return state;
-}
-
 static char **
 text_array(Datum d, int *n)
 {

@@ -260,13 +260,17 @@ define_gucs(void)
 	MarkGUCPrefixReserved("obx");
 }
 
+/*
+ * Register count workers of one kind: "obx relay N" or "obx consumer N",
+ * restarted 1 s after they exit with status 1.
+ */
 static void
-register_workers(void)
+register_kind(const char *kind, const char *function, int count)
 {
 	BackgroundWorker worker;
 	int i;
 
-	for (i = 0; i < obx_workers; i++)
+	for (i = 0; i < count; i++)
 	{
 		memset(&worker, 0, sizeof(worker));
 		worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
@@ -274,29 +278,20 @@ register_workers(void)
 		worker.bgw_start_time = BgWorkerStart_ConsistentState;
 		worker.bgw_restart_time = 1;
 		snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
-		snprintf(worker.bgw_function_name, BGW_MAXLEN, "obx_relay_main");
-		snprintf(worker.bgw_name, BGW_MAXLEN, "obx relay %d", i);
-		snprintf(worker.bgw_type, BGW_MAXLEN, "obx relay");
+		snprintf(worker.bgw_function_name, BGW_MAXLEN, "%s", function);
+		snprintf(worker.bgw_name, BGW_MAXLEN, "%s %d", kind, i);
+		snprintf(worker.bgw_type, BGW_MAXLEN, "%s", kind);
 		worker.bgw_main_arg = Int32GetDatum(i);
 		worker.bgw_notify_pid = 0;
 		RegisterBackgroundWorker(&worker);
 	}
+}
 
-	for (i = 0; i < obx_consumer_workers; i++)
-	{
-		memset(&worker, 0, sizeof(worker));
-		worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-						   BGWORKER_BACKEND_DATABASE_CONNECTION;
-		worker.bgw_start_time = BgWorkerStart_ConsistentState;
-		worker.bgw_restart_time = 1;
-		snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
-		snprintf(worker.bgw_function_name, BGW_MAXLEN, "obx_consumer_main");
-		snprintf(worker.bgw_name, BGW_MAXLEN, "obx consumer %d", i);
-		snprintf(worker.bgw_type, BGW_MAXLEN, "obx consumer");
-		worker.bgw_main_arg = Int32GetDatum(i);
-		worker.bgw_notify_pid = 0;
-		RegisterBackgroundWorker(&worker);
-	}
+static void
+register_workers(void)
+{
+	register_kind("obx relay", "obx_relay_main", obx_workers);
+	register_kind("obx consumer", "obx_consumer_main", obx_consumer_workers);
 }
 
 static void

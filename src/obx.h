@@ -172,7 +172,7 @@ extern void obx_step_end(MemoryContext caller);
 extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argtypes);
 
 /* outbox.c: each call is one short transaction of its own */
-extern int obx_outbox_ready(void);
+extern int obx_extension_state(const char *needed_relation);
 extern bool obx_outbox_claim(ObxBatch *batch, int worker);
 extern int obx_outbox_record(ObxBatch *batch);
 extern int obx_outbox_renew(ObxBatch *batch);
@@ -256,7 +256,6 @@ typedef enum ObxInboxResult
 extern PGDLLEXPORT void obx_consumer_main(Datum main_arg);
 
 /* inbox.c: each call is one transaction of its own */
-extern int obx_inbox_state(void);
 extern ObxSubscription *obx_inbox_subscriptions(int *count);
 extern ObxInboxResult obx_inbox_handle(const ObxInbound *msg,
 									   char *errbuf, size_t errlen);

@@ -259,21 +259,23 @@ prepare_plans(void)
 }
 
 /*
- * obx_outbox_ready
+ * obx_extension_state
  *		0 when the obx extension is missing from this database, 1 when its
- *		schema predates per-batch leases (1.0: ALTER EXTENSION obx UPDATE
- *		is needed), 2 when the relay can run.
+ *		schema lacks the relation this library needs (an older version:
+ *		ALTER EXTENSION obx UPDATE is needed), 2 when it is there.
  */
 int
-obx_outbox_ready(void)
+obx_extension_state(const char *needed_relation)
 {
 	MemoryContext caller = obx_step_begin("obx: checking for the extension");
+	Oid types[1] = {TEXTOID};
+	Datum args[1] = {CStringGetTextDatum(needed_relation)};
 	int state = 0;
 	int rc;
 
-	rc = SPI_execute("SELECT to_regclass('obx.leases') IS NOT NULL"
-					 "  FROM pg_catalog.pg_extension WHERE extname = 'obx'",
-					 true, 1);
+	rc = SPI_execute_with_args("SELECT to_regclass($1) IS NOT NULL"
+							   "  FROM pg_catalog.pg_extension WHERE extname = 'obx'",
+							   1, types, args, NULL, true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx extension check failed: %s", SPI_result_code_string(rc));
 	if (SPI_processed == 1)

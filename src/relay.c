@@ -427,7 +427,7 @@ obx_relay_main(Datum main_arg)
 
 		if (!ready)
 		{
-			int state = obx_outbox_ready();
+			int state = obx_extension_state("obx.leases");
 
 			ready = (state == 2);
 			if (!ready)
