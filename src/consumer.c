@@ -35,9 +35,7 @@
 #include "postgres.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
-#include <pthread.h>
 
 #include <librdkafka/rdkafka.h>
 
@@ -58,7 +56,6 @@
 /* Messages handled per consumer before the others get a turn. */
 #define OBX_CONSUMER_FAIRNESS     200
 #define OBX_WATERMARK_INTERVAL_MS 1000
-#define OBX_PURGE_INTERVAL_MS     10000
 #define OBX_ERROR_LOG_INTERVAL_MS 60000
 #define OBX_SEEK_TIMEOUT_MS       5000
 
@@ -84,7 +81,6 @@ typedef struct Consumer
 	int64 watermarks_sum; /* of the last recorded watermarks */
 	char last_error[256];
 	TimestampTz last_error_logged;
-	bool broken; /* creation failed: retried at the next refresh */
 	struct Consumer *next;
 } Consumer;
 
@@ -140,8 +136,6 @@ start_kafka_consumer(Consumer *c, char *errbuf, size_t errlen)
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	rd_kafka_topic_partition_list_t *topics;
 	rd_kafka_resp_err_t err;
-	sigset_t all;
-	sigset_t old;
 	int i;
 
 	/*
@@ -162,23 +156,17 @@ start_kafka_consumer(Consumer *c, char *errbuf, size_t errlen)
 			goto fail;
 	if (!obx_kafka_set(conf, "group.id", c->sub.name, errbuf, errlen) ||
 		!obx_kafka_set(conf, "enable.auto.offset.store", "false", errbuf, errlen) ||
-		!obx_kafka_set(conf, "enable.partition.eof", "false", errbuf, errlen) ||
-		!obx_kafka_set(conf, "log.queue", "true", errbuf, errlen))
+		!obx_kafka_set(conf, "enable.partition.eof", "false", errbuf, errlen))
 		goto fail;
 
 	rd_kafka_conf_set_opaque(conf, c);
-	rd_kafka_conf_set_log_cb(conf, obx_kafka_log);
 	rd_kafka_conf_set_error_cb(conf, consumer_error_callback);
 
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
-	c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errbuf, errlen);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	c->rk = obx_kafka_new(RD_KAFKA_CONSUMER, conf, errbuf, errlen);
 	if (c->rk == NULL)
 		goto fail;
 
 	/* Logs, errors and messages all arrive through the consumer queue. */
-	rd_kafka_set_log_queue(c->rk, NULL);
 	rd_kafka_poll_set_consumer(c->rk);
 	c->queue = rd_kafka_queue_get_consumer(c->rk);
 	rd_kafka_queue_io_event_enable(c->queue, pipefd[1], "1", 1);
@@ -289,7 +277,6 @@ new_consumer(const ObxSubscription *sub)
 				 errhint("Check obx.brokers, obx.kafka_properties and the subscription's options; "
 						 "obx tries again when they change.")));
 		stop_kafka_consumer(c);
-		c->broken = true;
 	}
 	else
 		ereport(LOG,
@@ -356,7 +343,6 @@ refresh_subscriptions(MemoryContext scratch)
 										   ALLOCSET_SMALL_SIZES);
 			c->sub.name = MemoryContextStrdup(c->cxt, subs[i].name);
 			c->sub.signature = MemoryContextStrdup(c->cxt, subs[i].signature);
-			c->broken = true;
 			ereport(WARNING,
 					(errmsg("obx subscription \"%s\" is not consumed: its handler no longer exists",
 							subs[i].name),

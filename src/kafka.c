@@ -87,12 +87,11 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 }
 
 /*
- * obx_kafka_log
- *		librdkafka's log callback, for the producer and the consumers: it
- *		runs on the worker's own thread (log.queue), inside a poll.
+ * librdkafka's log callback, for the producer and the consumers: it runs
+ * on the worker's own thread (log.queue), inside a poll.
  */
-void
-obx_kafka_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+static void
+log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 {
 	/* Broker trouble also arrives through error_callback, as a WARNING. */
 	int elevel = level <= 4 ? LOG : (level <= 6 ? DEBUG1 : DEBUG2);
@@ -209,6 +208,33 @@ obx_kafka_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 }
 
 /*
+ * obx_kafka_new
+ *		Create a librdkafka handle (producer or consumer) the way obx needs
+ *		every handle: logs queued and served on the worker's own thread,
+ *		and all signals blocked while librdkafka starts its threads, so
+ *		they inherit a full mask.  On failure the caller still owns conf.
+ */
+rd_kafka_t *
+obx_kafka_new(int type, rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
+{
+	rd_kafka_t *rk;
+	sigset_t all;
+	sigset_t old;
+
+	if (!obx_kafka_set(conf, "log.queue", "true", errbuf, errlen))
+		return NULL;
+	rd_kafka_conf_set_log_cb(conf, log_callback);
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	rk = rd_kafka_new((rd_kafka_type_t) type, conf, errbuf, errlen);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rk != NULL)
+		rd_kafka_set_log_queue(rk, NULL);
+	return rk;
+}
+
+/*
  * obx_kafka_create
  *		Build an idempotent producer (acks=all) from the current settings.
  *
@@ -221,8 +247,6 @@ obx_kafka_create(char *errbuf, size_t errlen)
 	ObxProducer *producer;
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	char timeout[32];
-	sigset_t all;
-	sigset_t old;
 
 	producer = MemoryContextAllocZero(TopMemoryContext, sizeof(ObxProducer));
 	producer->pipefd[0] = producer->pipefd[1] = -1;
@@ -235,7 +259,6 @@ obx_kafka_create(char *errbuf, size_t errlen)
 		!obx_kafka_set(conf, "message.timeout.ms", timeout, errbuf, errlen) ||
 		!obx_kafka_set(conf, "partitioner", "murmur2_random", errbuf, errlen) ||
 		!obx_kafka_set(conf, "linger.ms", "5", errbuf, errlen) ||
-		!obx_kafka_set(conf, "log.queue", "true", errbuf, errlen) ||
 		!obx_kafka_user_properties(conf, errbuf, errlen))
 	{
 		rd_kafka_conf_destroy(conf);
@@ -244,12 +267,12 @@ obx_kafka_create(char *errbuf, size_t errlen)
 	}
 	/*
 	 * Settings obx depends on win over user settings: its guarantees need
-	 * idempotence and acks=all, and log.queue keeps librdkafka's threads
-	 * from ever calling into PostgreSQL's logging.
+	 * idempotence and acks=all (obx_kafka_new forces log.queue, which
+	 * keeps librdkafka's threads from ever calling into PostgreSQL's
+	 * logging).
 	 */
 	if (!obx_kafka_set(conf, "enable.idempotence", "true", errbuf, errlen) ||
-		!obx_kafka_set(conf, "acks", "all", errbuf, errlen) ||
-		!obx_kafka_set(conf, "log.queue", "true", errbuf, errlen))
+		!obx_kafka_set(conf, "acks", "all", errbuf, errlen))
 	{
 		rd_kafka_conf_destroy(conf);
 		pfree(producer);
@@ -258,13 +281,9 @@ obx_kafka_create(char *errbuf, size_t errlen)
 
 	rd_kafka_conf_set_opaque(conf, producer);
 	rd_kafka_conf_set_dr_msg_cb(conf, dr_callback);
-	rd_kafka_conf_set_log_cb(conf, obx_kafka_log);
 	rd_kafka_conf_set_error_cb(conf, error_callback);
 
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
-	producer->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errbuf, errlen);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	producer->rk = obx_kafka_new(RD_KAFKA_PRODUCER, conf, errbuf, errlen);
 	if (producer->rk == NULL)
 	{
 		rd_kafka_conf_destroy(conf);
@@ -280,7 +299,6 @@ obx_kafka_create(char *errbuf, size_t errlen)
 		obx_kafka_destroy(producer, 0);
 		return NULL;
 	}
-	rd_kafka_set_log_queue(producer->rk, NULL);
 	producer->mainq = rd_kafka_queue_get_main(producer->rk);
 	rd_kafka_queue_io_event_enable(producer->mainq, producer->pipefd[1], "1", 1);
 	return producer;

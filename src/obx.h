@@ -30,6 +30,9 @@
 
 #define OBX_MAX_WORKERS 32
 
+/* How often worker 0 (relay, or consumer in a database without one) purges. */
+#define OBX_PURGE_INTERVAL_MS 10000
+
 /* GUC variables (obx.c) */
 extern char *obx_brokers;
 extern char *obx_kafka_properties;
@@ -202,8 +205,8 @@ extern bool obx_kafka_set(struct rd_kafka_conf_s *conf, const char *name,
 extern bool obx_kafka_user_properties(struct rd_kafka_conf_s *conf,
 									  char *errbuf, size_t errlen);
 struct rd_kafka_s;
-extern void obx_kafka_log(const struct rd_kafka_s *rk, int level,
-						  const char *fac, const char *buf);
+extern struct rd_kafka_s *obx_kafka_new(int type, struct rd_kafka_conf_s *conf,
+										char *errbuf, size_t errlen);
 
 /*
  * A subscription as the consumer workers read it from obx.subscriptions.

@@ -37,7 +37,6 @@
 
 #include "obx.h"
 
-#define OBX_PURGE_INTERVAL_MS 10000
 #define OBX_PRODUCER_RETRY_MS 5000
 
 /* While claims come back full, refresh the outbox's statistics this often. */
