@@ -28,6 +28,7 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "nodes/pg_list.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -41,7 +42,14 @@ struct ObxProducer
 	bool fatal;                    /* idempotence broke: rebuild the producer */
 	TimestampTz broker_trouble_at; /* last connection error, or 0 */
 	TimestampTz delivered_at;      /* last successful delivery, or 0 */
+	List *topics;                  /* topics whose metadata was asked for */
 };
+
+/*
+ * How long producing a batch waits, once per topic and producer, for the
+ * metadata of a topic the producer has not produced to before.
+ */
+#define OBX_TOPIC_METADATA_WAIT_MS 500
 
 /*
  * A connection error within this window, with no delivery since, means the
@@ -335,6 +343,7 @@ obx_kafka_destroy(ObxProducer *producer, int flush_ms)
 		close(producer->pipefd[0]);
 	if (producer->pipefd[1] >= 0)
 		close(producer->pipefd[1]);
+	list_free_deep(producer->topics);
 	pfree(producer);
 }
 
@@ -363,6 +372,56 @@ key_held_back(ObxBatch *batch, int upto, ObxEvent **held, int nheld)
 		if (same_key(held[i], &batch->events[upto]))
 			return true;
 	return false;
+}
+
+/*
+ * Ask the brokers for the metadata of each topic of the batch this
+ * producer has not produced to before.
+ *
+ * librdkafka 2.0 looks up a topic it learns about after connecting only
+ * on its once-a-second topic scan, so the first batch of every topic (the
+ * whole first batch after a worker starts) would wait up to a second
+ * before it is sent.  This asks at once instead, waiting at most
+ * OBX_TOPIC_METADATA_WAIT_MS (no transaction is open here), once per topic
+ * for the life of the producer, whatever the answer: after a timeout the
+ * scan still finds the topic.
+ */
+static void
+learn_topics(ObxProducer *producer, ObxBatch *batch)
+{
+	const char *last = NULL;
+	int i;
+
+	for (i = 0; i < batch->nevents; i++)
+	{
+		const char *topic = batch->events[i].topic;
+		ListCell *lc;
+		bool known = false;
+		rd_kafka_topic_t *rkt;
+		const struct rd_kafka_metadata *md;
+		MemoryContext old;
+
+		if (last != NULL && strcmp(last, topic) == 0)
+			continue;
+		last = topic;
+		foreach (lc, producer->topics)
+			if (strcmp((const char *) lfirst(lc), topic) == 0)
+				known = true;
+		if (known)
+			continue;
+
+		old = MemoryContextSwitchTo(TopMemoryContext);
+		producer->topics = lappend(producer->topics, pstrdup(topic));
+		MemoryContextSwitchTo(old);
+
+		rkt = rd_kafka_topic_new(producer->rk, topic, NULL);
+		if (rkt == NULL)
+			continue;
+		if (rd_kafka_metadata(producer->rk, 0, rkt, &md,
+							  OBX_TOPIC_METADATA_WAIT_MS) == RD_KAFKA_RESP_ERR_NO_ERROR)
+			rd_kafka_metadata_destroy(md);
+		rd_kafka_topic_destroy(rkt);
+	}
 }
 
 /*
@@ -436,6 +495,7 @@ obx_kafka_produce(ObxProducer *producer, ObxBatch *batch)
 			held[nheld++] = ev;
 		}
 	}
+	learn_topics(producer, batch);
 }
 
 /*
