@@ -42,9 +42,11 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "pgstat.h"
+#include "replication/syncrep.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -335,8 +337,8 @@ copy_headers(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
  *		Lease up to obx.batch_size publishable events to this worker.
  *
  * Fills batch (allocated in the caller's memory context) in seq order and
- * returns whether anything was claimed.  The claim commits before this
- * returns; attempts is counted at claim time.
+ * returns whether anything was claimed.  The claim is committed, and the
+ * WAL flushed past the claimed events' commits, before this returns.
  */
 bool
 obx_outbox_claim(ObxBatch *batch, int worker)
@@ -351,6 +353,17 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	bool isnull;
 
 	prepare_plans();
+
+	/*
+	 * Publish only what is durable.  The commit of this claim comes after
+	 * the commit records of all the events it sees, so flushing the WAL to
+	 * it (and waiting for a synchronous standby, as synchronous_commit on
+	 * would) makes them durable, whatever their own transactions used.
+	 * That is done after the commit, which releases the claim lock, so the
+	 * next worker's claim does not wait for this one's flush.
+	 */
+	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
+							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
 
 	rc = SPI_execute("SELECT pg_catalog.nextval('obx.lease_seq')", false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
@@ -406,6 +419,11 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	}
 
 	obx_step_end(caller);
+	if (batch->nevents > 0)
+	{
+		XLogFlush(XactLastCommitEnd);
+		SyncRepWaitForLSN(XactLastCommitEnd, true);
+	}
 	return batch->nevents > 0;
 }
 
@@ -660,8 +678,8 @@ obx_outbox_renew(ObxBatch *batch)
 
 /*
  * obx_outbox_analyze
- *		Refresh the planner's statistics of the outbox, in a short
- *		transaction of its own.
+ *		Refresh the planner's statistics of the outbox if they are stale,
+ *		in a short transaction of its own.
  *
  * Every relay statement is planned from them.  After a burst (a backlog
  * that built up during an outage, a bulk enqueue, a replay) they still say
@@ -673,10 +691,30 @@ obx_outbox_analyze(void)
 {
 	MemoryContext caller = obx_step_begin("obx: analyzing the outbox");
 	int rc;
+	bool stale;
+	bool isnull;
 
-	rc = SPI_execute("ANALYZE obx.outbox_events", false, 0);
-	if (rc != SPI_OK_UTILITY)
-		elog(ERROR, "obx could not analyze the outbox: %s", SPI_result_code_string(rc));
+	/*
+	 * Only when the statistics are stale: more rows changed since the last
+	 * ANALYZE (autovacuum's included) than a tenth of the rows it saw.  An
+	 * ANALYZE costs as much as several batches.
+	 */
+	rc = SPI_execute("SELECT pg_catalog.pg_stat_get_mod_since_analyze(c.oid)"
+					 "       > greatest(c.reltuples, 0) / 10 + 1000"
+					 "  FROM pg_catalog.pg_class c"
+					 " WHERE c.oid = 'obx.outbox_events'::pg_catalog.regclass",
+					 true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "obx could not read the outbox's statistics: %s",
+			 SPI_result_code_string(rc));
+	stale = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+	if (stale)
+	{
+		rc = SPI_execute("ANALYZE obx.outbox_events", false, 0);
+		if (rc != SPI_OK_UTILITY)
+			elog(ERROR, "obx could not analyze the outbox: %s", SPI_result_code_string(rc));
+	}
 	obx_step_end(caller);
 }
 

@@ -392,9 +392,10 @@ obx_relay_main(Datum main_arg)
 									 ALLOCSET_DEFAULT_SIZES);
 
 	/*
-	 * Publish only what is durable: with synchronous_commit on, the commit
-	 * of a claim flushes the WAL past the commit records of every event it
-	 * claimed, whatever the events' own transactions used.
+	 * Steps commit with synchronous_commit on unless they say otherwise.
+	 * A claim commits asynchronously and then flushes (and waits for a
+	 * synchronous standby) itself, past the commit records of every event
+	 * it claimed, before anything is produced (see obx_outbox_claim).
 	 */
 	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
 
