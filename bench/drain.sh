@@ -50,6 +50,7 @@ bench_drain()
 
 	# The same rows, for the two baselines.
 	sql -c "CREATE TABLE bench.update_baseline (LIKE obx.outbox_events INCLUDING ALL)" \
+		-c "CALL bench.copy_storage_parameters('bench.update_baseline')" \
 		-c "INSERT INTO bench.update_baseline SELECT * FROM obx.outbox_events WHERE published_at IS NULL ORDER BY seq" \
 		-c "\\copy (SELECT event_key, id, payload::text FROM obx.outbox_events WHERE published_at IS NULL ORDER BY seq) TO '$work/messages.tsv'"
 	if [ "${DRAIN_STALE_STATS:-0}" = 1 ]; then

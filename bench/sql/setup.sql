@@ -14,18 +14,23 @@ CREATE SEQUENCE bench.plain_seq CACHE 1;
 CREATE TABLE bench.plain_outbox (LIKE obx.outbox_events INCLUDING ALL);
 ALTER TABLE bench.plain_outbox ALTER COLUMN seq SET DEFAULT nextval('bench.plain_seq');
 
-/* LIKE copies no storage parameters (fillfactor, autovacuum): copy them. */
-DO $$
+/*
+ * LIKE copies no storage parameters (fillfactor, autovacuum): this copies
+ * the outbox's to a table made LIKE it.
+ */
+CREATE PROCEDURE bench.copy_storage_parameters(target regclass)
+LANGUAGE plpgsql AS $$
 DECLARE
 	opts text;
 BEGIN
 	SELECT array_to_string(reloptions, ', ') INTO opts
 	  FROM pg_class WHERE oid = 'obx.outbox_events'::regclass;
 	IF opts IS NOT NULL THEN
-		EXECUTE format('ALTER TABLE bench.plain_outbox SET (%s)', opts);
+		EXECUTE format('ALTER TABLE %s SET (%s)', target, opts);
 	END IF;
 END
 $$;
+CALL bench.copy_storage_parameters('bench.plain_outbox');
 
 /*
  * bench.make_payload: the drain benchmark's event payload, about 180 bytes
