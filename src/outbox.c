@@ -218,6 +218,27 @@ obx_prepare_kept(const char *sql, int nargs, Oid *argtypes)
 	return plan;
 }
 
+/*
+ * The claim, prepared once with a generic plan.  Planning it costs about
+ * as much as running it on a small batch (0.2 to 0.4 ms), and its plan is
+ * the same whatever the parameters: blocked keys hashed, the pending index
+ * walked in seq order up to the batch size.  The plan is still rebuilt
+ * when the outbox's statistics change.  The other statements keep
+ * PostgreSQL's choice: the record's join, for one, is planned from the
+ * number of events it marks.
+ */
+static SPIPlanPtr
+prepare_generic_kept(const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+
+	if (plan == NULL)
+		elog(ERROR, "obx could not prepare a statement: %s",
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
 static void
 prepare_plans(void)
 {
@@ -234,7 +255,7 @@ prepare_plans(void)
 	{
 		Oid types[5] = {INT8OID, INT4OID, BOOLOID, INT4OID, FLOAT8OID};
 
-		claim_plan = obx_prepare_kept(claim_sql, 5, types);
+		claim_plan = prepare_generic_kept(claim_sql, 5, types);
 	}
 	{
 		Oid types[3] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
