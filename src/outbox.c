@@ -372,16 +372,22 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	uint64 i;
 	int64 lease_id;
 	bool isnull;
+	XLogRecPtr visible_upto;
+	Snapshot snapshot;
 
 	prepare_plans();
 
 	/*
-	 * Publish only what is durable.  The commit of this claim comes after
-	 * the commit records of all the events it sees, so flushing the WAL to
-	 * it (and waiting for a synchronous standby, as synchronous_commit on
-	 * would) makes them durable, whatever their own transactions used.
-	 * That is done after the commit, which releases the claim lock, so the
-	 * next worker's claim does not wait for this one's flush.
+	 * Publish only what is durable.  A transaction becomes visible only
+	 * after its commit record is in the WAL, so every event the claim sees
+	 * committed before the WAL's insert position read right after the
+	 * claim's snapshot is taken.  Flushing the WAL to that position (and waiting for a
+	 * synchronous standby, as synchronous_commit on would) makes them
+	 * durable, whatever their own transactions used; when they committed
+	 * synchronously it is flushed already and nothing waits.  The claim's
+	 * own commit need not be durable: a claim lost in a crash only means a
+	 * re-send with the same ids.  So it commits asynchronously, and the
+	 * flush waits until after the commit, which releases the claim lock.
 	 */
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
@@ -406,7 +412,13 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	args[2] = BoolGetDatum(obx_quarantine_blocks_key);
 	args[3] = Int32GetDatum(obx_batch_size);
 	args[4] = Float8GetDatum((double) obx_lease_timeout_s);
-	rc = SPI_execute_plan(claim_plan, args, NULL, false, 0);
+
+	/* The WAL position is read after the claim's snapshot is taken. */
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	visible_upto = GetXLogInsertRecPtr();
+	rc = SPI_execute_snapshot(claim_plan, args, NULL, snapshot, InvalidSnapshot,
+							  false, true, 0);
+	UnregisterSnapshot(snapshot);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx claim failed: %s", SPI_result_code_string(rc));
 
@@ -442,8 +454,8 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	obx_step_end(caller);
 	if (batch->nevents > 0)
 	{
-		XLogFlush(XactLastCommitEnd);
-		SyncRepWaitForLSN(XactLastCommitEnd, true);
+		XLogFlush(visible_upto);
+		SyncRepWaitForLSN(visible_upto, true);
 	}
 	return batch->nevents > 0;
 }
