@@ -381,13 +381,14 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	 * Publish only what is durable.  A transaction becomes visible only
 	 * after its commit record is in the WAL, so every event the claim sees
 	 * committed before the WAL's insert position read right after the
-	 * claim's snapshot is taken.  Flushing the WAL to that position (and waiting for a
-	 * synchronous standby, as synchronous_commit on would) makes them
-	 * durable, whatever their own transactions used; when they committed
-	 * synchronously it is flushed already and nothing waits.  The claim's
-	 * own commit need not be durable: a claim lost in a crash only means a
-	 * re-send with the same ids.  So it commits asynchronously, and the
-	 * flush waits until after the commit, which releases the claim lock.
+	 * claim's snapshot is taken.  Flushing the WAL to that position (and
+	 * waiting for a synchronous standby, as synchronous_commit on would)
+	 * makes them durable, whatever their own transactions used; when they
+	 * committed synchronously it is flushed already and nothing waits.
+	 * The claim's own commit need not be durable: a claim lost in a crash
+	 * only means a re-send with the same ids.  So it commits
+	 * asynchronously, and the flush waits until after the commit, which
+	 * releases the claim lock.
 	 */
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
