@@ -162,7 +162,7 @@ define_gucs(void)
 							"Most events one worker claims at a time.",
 							NULL,
 							&obx_batch_size,
-							1000, 1, 100000,
+							2000, 1, 100000,
 							PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
 
