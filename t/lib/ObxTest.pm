@@ -23,6 +23,7 @@ our @EXPORT = qw(start_mock mock_cmd obx_node read_topic wait_for_broker
   committed_ids relay_pids broker_holds_exactly);
 
 my @mocks;
+my @nodes;    # made by obx_node: stopped before the stand-ins at the end
 
 # start_mock(%opts): start the Kafka stand-in; returns a hash with
 # bootstrap, control (host:port) and pid.  Options: brokers, partitions.
@@ -90,6 +91,7 @@ sub obx_node
 	$node->append_conf('postgresql.conf',
 		join('', map { "$_ = $settings{$_}\n" } sort keys %settings));
 	$node->start;
+	push @nodes, $node;
 	$node->safe_psql('postgres', 'CREATE EXTENSION obx');
 	return $node;
 }
@@ -218,12 +220,22 @@ sub relay_pids
 	return [ grep { length } split /\n/, $out ];
 }
 
+# Nodes first (immediate stop, as PostgreSQL::Test::Cluster's own END
+# block would), then the stand-ins: a relay that outlives its brokers
+# fills the server log with broker-down warnings.
 END
 {
+	my $exit_code = $?;
+
+	for my $node (@nodes)
+	{
+		eval { $node->teardown_node; };
+	}
 	for my $m (@mocks)
 	{
 		eval { $m->{handle}->kill_kill(grace => 5); };
 	}
+	$? = $exit_code;
 }
 
 1;
