@@ -63,12 +63,21 @@
 
 #define OBX_PURGE_BATCH 1000
 
+/*
+ * A claim stops taking events once their payloads reach this many bytes
+ * (the event that crosses it included), whatever obx.batch_size says: a
+ * worker holds up to two batches, payloads included, and librdkafka a
+ * copy of them.
+ */
+#define OBX_BATCH_BYTES (16 * 1024 * 1024)
+
 /* Failed events of one batch logged one by one; the rest are counted. */
 #define OBX_LOGGED_FAILURES 10
 
 static SPIPlanPtr claim_lock_plan = NULL;
 static SPIPlanPtr expire_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr lease_plan = NULL;
 static SPIPlanPtr delivered_plan = NULL;
 static SPIPlanPtr failed_plan = NULL;
 static SPIPlanPtr held_plan = NULL;
@@ -89,27 +98,25 @@ static const char *claim_sql =
 	"   WHERE b.published_at IS NULL"
 	"     AND (b.next_attempt_at > '-infinity' OR b.quarantined_at IS NOT NULL)"
 	"     AND (b.next_attempt_at > now()"
-	"          OR (b.quarantined_at IS NOT NULL AND $3))"
-	"), claimed AS MATERIALIZED ("
-	"  SELECT e.seq, e.id, e.topic, e.event_key, e.payload::text AS payload,"
-	"         e.event_type, e.attempts,"
-	"         CASE WHEN e.headers IS NOT NULL THEN"
-	"           (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
-	"              FROM pg_catalog.jsonb_each_text(e.headers) AS h) END AS headers"
-	"    FROM obx.outbox_events e"
-	"   WHERE e.published_at IS NULL"
-	"     AND e.quarantined_at IS NULL"
-	"     AND e.next_attempt_at <= now()"
-	"     AND (e.topic, e.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
-	"   ORDER BY e.seq"
-	"   LIMIT $4"
-	"), lease AS ("
-	"  INSERT INTO obx.leases (lease_id, owner, until, ids, topics, keys)"
-	"  SELECT $1, $2, now() + make_interval(secs => $5),"
-	"         array_agg(c.id), array_agg(c.topic), array_agg(c.event_key)"
-	"    FROM claimed c"
-	"  HAVING count(c.id) > 0"
-	") SELECT * FROM claimed ORDER BY seq";
+	"          OR (b.quarantined_at IS NOT NULL AND $1))"
+	")"
+	"SELECT e.seq, e.id, e.topic, e.event_key, e.payload::text AS payload,"
+	"       e.event_type, e.attempts,"
+	"       CASE WHEN e.headers IS NOT NULL THEN"
+	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
+	"            FROM pg_catalog.jsonb_each_text(e.headers) AS h) END AS headers"
+	"  FROM obx.outbox_events e"
+	" WHERE e.published_at IS NULL"
+	"   AND e.quarantined_at IS NULL"
+	"   AND e.next_attempt_at <= now()"
+	"   AND (e.topic, e.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
+	" ORDER BY e.seq"
+	" LIMIT $2";
+
+/* The lease of a claimed batch: its events' ids, topics and keys. */
+static const char *lease_sql =
+	"INSERT INTO obx.leases (lease_id, owner, until, ids, topics, keys)"
+	" VALUES ($1, $2, now() + make_interval(secs => $3), $4, $5, $6)";
 
 /*
  * Delivered events: published, with where they landed.  No lease check: a
@@ -253,9 +260,12 @@ prepare_plans(void)
 	}
 	expire_plan = obx_prepare_kept(expire_sql, 0, NULL);
 	{
-		Oid types[5] = {INT8OID, INT4OID, BOOLOID, INT4OID, FLOAT8OID};
+		Oid types[2] = {BOOLOID, INT4OID};
+		Oid lease_types[6] = {INT8OID, INT4OID, FLOAT8OID, UUIDARRAYOID,
+							  TEXTARRAYOID, TEXTARRAYOID};
 
-		claim_plan = prepare_generic_kept(claim_sql, 5, types);
+		claim_plan = prepare_generic_kept(claim_sql, 2, types);
+		lease_plan = obx_prepare_kept(lease_sql, 6, lease_types);
 	}
 	{
 		Oid types[3] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
@@ -355,7 +365,8 @@ copy_headers(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
 
 /*
  * obx_outbox_claim
- *		Lease up to obx.batch_size publishable events to this worker.
+ *		Lease up to obx.batch_size publishable events to this worker, fewer
+ *		when their payloads pass OBX_BATCH_BYTES.
  *
  * Fills batch (allocated in the caller's memory context) in seq order and
  * returns whether anything was claimed.  The claim is committed, and the
@@ -367,13 +378,20 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	MemoryContext caller = obx_step_begin("obx: claiming events");
 	Datum lock_args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
 						  Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
-	Datum args[5];
+	Datum args[2];
 	int rc;
 	uint64 i;
+	uint64 n;
+	uint64 nrows;
+	int64 bytes = 0;
 	int64 lease_id;
 	bool isnull;
 	XLogRecPtr visible_upto;
 	Snapshot snapshot;
+	Datum *ids;
+	Datum *topics;
+	Datum *keys;
+	MemoryContext step_cxt;
 
 	prepare_plans();
 
@@ -408,36 +426,50 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "obx could not remove expired leases: %s", SPI_result_code_string(rc));
 
-	args[0] = Int64GetDatum(lease_id);
-	args[1] = Int32GetDatum(worker);
-	args[2] = BoolGetDatum(obx_quarantine_blocks_key);
-	args[3] = Int32GetDatum(obx_batch_size);
-	args[4] = Float8GetDatum((double) obx_lease_timeout_s);
+	args[0] = BoolGetDatum(obx_quarantine_blocks_key);
+	args[1] = Int32GetDatum(obx_batch_size);
 
 	/* The WAL position is read after the claim's snapshot is taken. */
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	visible_upto = GetXLogInsertRecPtr();
 	rc = SPI_execute_snapshot(claim_plan, args, NULL, snapshot, InvalidSnapshot,
-							  false, true, 0);
+							  true, false, 0);
 	UnregisterSnapshot(snapshot);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx claim failed: %s", SPI_result_code_string(rc));
 
-	MemoryContextSwitchTo(caller);
+	/* The batch: the events in seq order, until their payloads pass the cap. */
+	nrows = SPI_processed;
+	n = 0;
+	while (n < nrows && bytes < OBX_BATCH_BYTES)
+	{
+		bytes += VARSIZE_ANY_EXHDR(DatumGetPointer(
+			SPI_getbinval(SPI_tuptable->vals[n], SPI_tuptable->tupdesc, 5, &isnull)));
+		n++;
+	}
+
+	/* The lease's arrays live in the step's context, the events in the caller's. */
+	ids = palloc(sizeof(Datum) * Max(n, 1));
+	topics = palloc(sizeof(Datum) * Max(n, 1));
+	keys = palloc(sizeof(Datum) * Max(n, 1));
+	step_cxt = MemoryContextSwitchTo(caller);
 	batch->lease_id = lease_id;
-	batch->nevents = (int) SPI_processed;
+	batch->nevents = (int) n;
 	batch->in_flight = 0;
 	batch->retry_at = 0;
-	batch->events = batch->nevents > 0 ? palloc0(sizeof(ObxEvent) * batch->nevents) : NULL;
+	batch->events = n > 0 ? palloc0(sizeof(ObxEvent) * n) : NULL;
 
-	for (i = 0; i < SPI_processed; i++)
+	for (i = 0; i < n; i++)
 	{
 		HeapTuple tup = SPI_tuptable->vals[i];
 		TupleDesc desc = SPI_tuptable->tupdesc;
 		ObxEvent *ev = &batch->events[i];
 		pg_uuid_t *uuid;
 
-		uuid = DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull));
+		ids[i] = SPI_getbinval(tup, desc, 2, &isnull);
+		topics[i] = SPI_getbinval(tup, desc, 3, &isnull);
+		keys[i] = SPI_getbinval(tup, desc, 4, &isnull);
+		uuid = DatumGetUUIDP(ids[i]);
 		memcpy(&ev->id, uuid, sizeof(pg_uuid_t));
 		strlcpy(ev->id_text,
 				DatumGetCString(DirectFunctionCall1(uuid_out, UUIDPGetDatum(&ev->id))),
@@ -450,6 +482,25 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 		ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull)) + 1;
 		copy_headers(ev, tup, desc, 8);
 		ev->outcome = OBX_OUTCOME_UNSENT;
+	}
+
+	MemoryContextSwitchTo(step_cxt);
+	if (n > 0)
+	{
+		Datum lease_args[6];
+
+		lease_args[0] = Int64GetDatum(lease_id);
+		lease_args[1] = Int32GetDatum(worker);
+		lease_args[2] = Float8GetDatum((double) obx_lease_timeout_s);
+		lease_args[3] = PointerGetDatum(construct_array(ids, n, UUIDOID, UUID_LEN,
+														false, TYPALIGN_CHAR));
+		lease_args[4] = PointerGetDatum(construct_array(topics, n, TEXTOID, -1,
+														false, TYPALIGN_INT));
+		lease_args[5] = PointerGetDatum(construct_array(keys, n, TEXTOID, -1,
+														false, TYPALIGN_INT));
+		rc = SPI_execute_plan(lease_plan, lease_args, NULL, false, 0);
+		if (rc != SPI_OK_INSERT)
+			elog(ERROR, "obx could not lease a batch: %s", SPI_result_code_string(rc));
 	}
 
 	obx_step_end(caller);
