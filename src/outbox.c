@@ -16,7 +16,8 @@
  * and its key is not blocked.  Claims are serialized by a
  * transaction-level advisory lock, so a claim always sees the leases of
  * the claims before it, and a claim takes the earliest claimable events in
- * seq order.  Together this means the events of a key a worker holds are
+ * seq order, up to obx.batch_size of them or until their payloads pass
+ * OBX_BATCH_BYTES.  Together this means the events of a key a worker holds are
  * always a prefix of that key's unpublished events, and no two workers
  * ever hold events of the same key.  No cursor ("ids after the last one
  * seen") is kept, so an event whose transaction commits late is found by
@@ -30,8 +31,8 @@
  * its record step check for it) whenever another claim may have taken its
  * events over.
  *
- * The blocked keys come from the unexpired leases (at most obx.workers
- * batches) and from outbox_events_active_idx, which holds only the
+ * The blocked keys come from the unexpired leases (at most two batches
+ * per worker) and from outbox_events_active_idx, which holds only the
  * unpublished events that have failed (usually none; after an outage, the
  * events that failed until they are published).  They are hashed once per
  * claim, so a claim costs the batch it takes plus the events it skips,
