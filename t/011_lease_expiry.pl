@@ -53,9 +53,7 @@ my $node = obx_node('lease_expiry', $mock,
 	'obx.delivery_timeout' => "'30s'",
 	'log_min_messages' => 'warning');
 
-$node->poll_query_until('postgres',
-	"SELECT count(*) = 2 FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
-  or die 'the relay workers did not start';
+relay_ready($node, 2);
 
 mock_cmd($mock, 'down all');
 

@@ -34,9 +34,7 @@ my $node = obx_node('restart_pending', $mock,
 	'obx.lease_timeout' => "'${lease_s}s'",
 	'log_min_messages' => 'warning');
 
-$node->poll_query_until('postgres',
-	"SELECT count(*) = 2 FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
-  or die 'the relay workers did not start';
+relay_ready($node, 2);
 
 mock_cmd($mock, 'down all');
 

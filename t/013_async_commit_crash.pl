@@ -29,9 +29,7 @@ my $node = obx_node('async_commit_crash', $mock,
 	'wal_writer_flush_after' => "'1GB'",
 	'log_min_messages' => 'warning');
 
-$node->poll_query_until('postgres',
-	"SELECT count(*) = 1 FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
-  or die 'the relay worker did not start';
+relay_ready($node, 1);
 
 # One asynchronous commit first: it wakes the WAL writer, which flushes,
 # so for the next 10 s the WAL writer only writes whole pages.

@@ -30,9 +30,7 @@ my $node = obx_node('batch_bytes', $mock,
 	'obx.workers' => 1,
 	'log_min_messages' => 'error');
 
-$node->poll_query_until('postgres',
-	"SELECT count(*) = 1 FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
-  or die 'the relay worker did not start';
+relay_ready($node, 1);
 
 mock_cmd($mock, 'down all');
 

@@ -40,9 +40,7 @@ my $node = obx_node('prometheus', $mock,
 	'obx.kafka_properties' => "'message.max.bytes=20000'",
 	'obx.max_payload_size' => "'1MB'",
 	'log_min_messages' => 'log');
-$node->poll_query_until('postgres',
-	"SELECT count(*) = 2 FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
-  or die 'the relay workers did not start';
+relay_ready($node, 2);
 
 # The exporter connects as a role with only the monitoring grants.
 grant_monitoring($node, 'obx_exporter');

@@ -53,9 +53,7 @@ $primary->append_conf('postgresql.conf',
 $primary->start;
 $primary->safe_psql('postgres', 'CREATE EXTENSION obx');
 grant_monitoring($primary, 'obx_exporter');
-$primary->poll_query_until('postgres',
-	"SELECT count(*) = $workers FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
-  or die 'the relay workers of the primary did not start';
+relay_ready($primary, $workers);
 
 # The standby: its postgresql.conf comes with the base backup, so it
 # preloads obx with the same brokers and workers.

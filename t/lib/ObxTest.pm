@@ -18,7 +18,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep time);
 
-our @EXPORT = qw(start_mock mock_cmd obx_node read_topic wait_for_broker
+our @EXPORT = qw(start_mock mock_cmd obx_node relay_ready read_topic wait_for_broker
   wait_until all_published event_ids_at_broker first_occurrences
   committed_ids relay_pids broker_holds_exactly);
 
@@ -94,6 +94,17 @@ sub obx_node
 	push @nodes, $node;
 	$node->safe_psql('postgres', 'CREATE EXTENSION obx');
 	return $node;
+}
+
+# relay_ready($node, $n): wait until $n relay workers run and are idle;
+# dies if they do not get there.
+sub relay_ready
+{
+	my ($node, $n) = @_;
+	$node->poll_query_until('postgres',
+		"SELECT count(*) = $n FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
+	  or die "$n relay workers did not start on node " . $node->name;
+	return;
 }
 
 # wait_until(sub { ... }, 'what'): poll a condition every 50 ms until it
