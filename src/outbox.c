@@ -17,9 +17,9 @@
  * transaction-level advisory lock, so a claim always sees the leases of
  * the claims before it, and a claim takes the earliest claimable events in
  * seq order, up to obx.batch_size of them or until their payloads pass
- * OBX_BATCH_BYTES.  Together this means the events of a key a worker holds are
- * always a prefix of that key's unpublished events, and no two workers
- * ever hold events of the same key.  No cursor ("ids after the last one
+ * OBX_BATCH_BYTES.  Together this means the events of a key a worker
+ * holds are always a prefix of that key's unpublished events, and no two
+ * workers ever hold events of the same key.  No cursor ("ids after the last one
  * seen") is kept, so an event whose transaction commits late is found by
  * the next claim like any other.
  *
@@ -210,14 +210,11 @@ obx_step_end(MemoryContext caller)
 	MemoryContextSwitchTo(caller);
 }
 
-/*
- * obx_prepare_kept
- *		Prepare a statement once for the life of the worker.
- */
-SPIPlanPtr
-obx_prepare_kept(const char *sql, int nargs, Oid *argtypes)
+/* Prepare a statement once for the life of the worker, with these options. */
+static SPIPlanPtr
+prepare_kept(const char *sql, int nargs, Oid *argtypes, int cursor_options)
 {
-	SPIPlanPtr plan = SPI_prepare(sql, nargs, argtypes);
+	SPIPlanPtr plan = SPI_prepare_cursor(sql, nargs, argtypes, cursor_options);
 
 	if (plan == NULL)
 		elog(ERROR, "obx could not prepare a statement: %s",
@@ -227,24 +224,13 @@ obx_prepare_kept(const char *sql, int nargs, Oid *argtypes)
 }
 
 /*
- * The claim, prepared once with a generic plan.  Planning it costs about
- * as much as running it on a small batch (0.2 to 0.4 ms), and its plan is
- * the same whatever the parameters: blocked keys hashed, the pending index
- * walked in seq order up to the batch size.  The plan is still rebuilt
- * when the outbox's statistics change.  The other statements keep
- * PostgreSQL's choice: the record's join, for one, is planned from the
- * number of events it marks.
+ * obx_prepare_kept
+ *		Prepare a statement once for the life of the worker.
  */
-static SPIPlanPtr
-prepare_generic_kept(const char *sql, int nargs, Oid *argtypes)
+SPIPlanPtr
+obx_prepare_kept(const char *sql, int nargs, Oid *argtypes)
 {
-	SPIPlanPtr plan = SPI_prepare_cursor(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
-
-	if (plan == NULL)
-		elog(ERROR, "obx could not prepare a statement: %s",
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
+	return prepare_kept(sql, nargs, argtypes, 0);
 }
 
 static void
@@ -265,7 +251,16 @@ prepare_plans(void)
 		Oid lease_types[6] = {INT8OID, INT4OID, FLOAT8OID, UUIDARRAYOID,
 							  TEXTARRAYOID, TEXTARRAYOID};
 
-		claim_plan = prepare_generic_kept(claim_sql, 2, types);
+		/*
+		 * The claim gets a generic plan.  Planning it costs about as much
+		 * as running it on a small batch (0.2 to 0.4 ms), and its plan is
+		 * the same whatever the parameters: blocked keys hashed, the
+		 * pending index walked in seq order up to the batch size.  The
+		 * plan is still rebuilt when the outbox's statistics change.  The
+		 * other statements keep PostgreSQL's choice: the record's join,
+		 * for one, is planned from the number of events it marks.
+		 */
+		claim_plan = prepare_kept(claim_sql, 2, types, CURSOR_OPT_GENERIC_PLAN);
 		lease_plan = obx_prepare_kept(lease_sql, 6, lease_types);
 	}
 	{
