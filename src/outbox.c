@@ -42,6 +42,7 @@
  */
 #include "postgres.h"
 
+#include "access/transam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/pg_type.h"
@@ -105,7 +106,8 @@ static const char *claim_sql =
 	"       e.event_type, e.attempts,"
 	"       CASE WHEN e.headers IS NOT NULL THEN"
 	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
-	"            FROM pg_catalog.jsonb_each_text(e.headers) AS h) END AS headers"
+	"            FROM pg_catalog.jsonb_each_text(e.headers) AS h) END AS headers,"
+	"       e.xmin"
 	"  FROM obx.outbox_events e"
 	" WHERE e.published_at IS NULL"
 	"   AND e.quarantined_at IS NULL"
@@ -383,6 +385,8 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	int64 lease_id;
 	bool isnull;
 	XLogRecPtr visible_upto;
+	XLogRecPtr flush_upto = InvalidXLogRecPtr;
+	TransactionId last_xmin = InvalidTransactionId;
 	Snapshot snapshot;
 	Datum *ids;
 	Datum *topics;
@@ -392,17 +396,22 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	prepare_plans();
 
 	/*
-	 * Publish only what is durable.  A transaction becomes visible only
-	 * after its commit record is in the WAL, so every event the claim sees
-	 * committed before the WAL's insert position read right after the
-	 * claim's snapshot is taken.  Flushing the WAL to that position (and
-	 * waiting for a synchronous standby, as synchronous_commit on would)
-	 * makes them durable, whatever their own transactions used; when they
-	 * committed synchronously it is flushed already and nothing waits.
-	 * The claim's own commit need not be durable: a claim lost in a crash
-	 * only means a re-send with the same ids.  So it commits
-	 * asynchronously, and the flush waits until after the commit, which
-	 * releases the claim lock.
+	 * Publish only what is durable.  A transaction that committed
+	 * synchronously became visible after its commit record was flushed; one
+	 * that committed asynchronously (synchronous_commit = off) is visible
+	 * at once, and the commit log keeps the position of its commit record
+	 * until that is flushed (that is what it holds back hint bits with).
+	 * So the claim reads each event's inserting transaction (xmin) and
+	 * flushes the WAL up to the latest such position before anything is
+	 * produced; when every event committed synchronously nothing waits.
+	 * With synchronous standbys the claim instead flushes, and waits for
+	 * them, up to the WAL's insert position read right after its snapshot
+	 * is taken: every event it sees committed before that, and a commit
+	 * with synchronous_commit = local or remote_write is flushed here but
+	 * not yet on the standby.  The claim's own commit need not be durable:
+	 * a claim lost in a crash only means a re-send with the same ids.  So
+	 * it commits asynchronously, and the flush waits until after the
+	 * commit, which releases the claim lock.
 	 */
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
@@ -461,6 +470,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 		TupleDesc desc = SPI_tuptable->tupdesc;
 		ObxEvent *ev = &batch->events[i];
 		pg_uuid_t *uuid;
+		TransactionId xmin;
 
 		ids[i] = SPI_getbinval(tup, desc, 2, &isnull);
 		topics[i] = SPI_getbinval(tup, desc, 3, &isnull);
@@ -478,6 +488,17 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 		ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull)) + 1;
 		copy_headers(ev, tup, desc, 8);
 		ev->outcome = OBX_OUTCOME_UNSENT;
+
+		/* A backlog comes from few transactions: look each one up once. */
+		xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 9, &isnull));
+		if (xmin != last_xmin)
+		{
+			XLogRecPtr commit_lsn = TransactionIdGetCommitLSN(xmin);
+
+			if (commit_lsn > flush_upto)
+				flush_upto = commit_lsn;
+			last_xmin = xmin;
+		}
 	}
 
 	MemoryContextSwitchTo(step_cxt);
@@ -500,11 +521,13 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	}
 
 	obx_step_end(caller);
-	if (batch->nevents > 0)
+	if (batch->nevents > 0 && SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0')
 	{
 		XLogFlush(visible_upto);
 		SyncRepWaitForLSN(visible_upto, true);
 	}
+	else if (batch->nevents > 0 && flush_upto != InvalidXLogRecPtr)
+		XLogFlush(flush_upto);
 	return batch->nevents > 0;
 }
 
