@@ -33,6 +33,14 @@
 /* How often worker 0 (relay, or consumer in a database without one) purges. */
 #define OBX_PURGE_INTERVAL_MS 10000
 
+/*
+ * A claim stops taking events once their payloads reach this many bytes
+ * (the event that crosses it included), whatever obx.batch_size says: a
+ * worker holds up to two batches, payloads included, and librdkafka a
+ * copy of them.
+ */
+#define OBX_BATCH_BYTES (16 * 1024 * 1024)
+
 /* GUC variables (obx.c) */
 extern char *obx_brokers;
 extern char *obx_kafka_properties;
