@@ -65,18 +65,11 @@
 
 #define OBX_PURGE_BATCH 1000
 
-/*
- * A claim stops taking events once their payloads reach this many bytes
- * (the event that crosses it included), whatever obx.batch_size says: a
- * worker holds up to two batches, payloads included, and librdkafka a
- * copy of them.
- */
-#define OBX_BATCH_BYTES (16 * 1024 * 1024)
-
 /* Failed events of one batch logged one by one; the rest are counted. */
 #define OBX_LOGGED_FAILURES 10
 
 static SPIPlanPtr claim_lock_plan = NULL;
+static SPIPlanPtr lease_id_plan = NULL;
 static SPIPlanPtr expire_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr lease_plan = NULL;
@@ -247,6 +240,7 @@ prepare_plans(void)
 		claim_lock_plan = obx_prepare_kept("SELECT pg_catalog.pg_advisory_xact_lock($1, $2)",
 										   2, types);
 	}
+	lease_id_plan = obx_prepare_kept("SELECT pg_catalog.nextval('obx.lease_seq')", 0, NULL);
 	expire_plan = obx_prepare_kept(expire_sql, 0, NULL);
 	{
 		Oid types[2] = {BOOLOID, INT4OID};
@@ -416,7 +410,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
 
-	rc = SPI_execute("SELECT pg_catalog.nextval('obx.lease_seq')", false, 1);
+	rc = SPI_execute_plan(lease_id_plan, NULL, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "obx could not draw a lease id: %s", SPI_result_code_string(rc));
 	lease_id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
