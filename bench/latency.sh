@@ -16,9 +16,9 @@
 # LogAppendTime with a constant, so a message's Kafka timestamp is the
 # producer's CreateTime, i.e. when the relay handed the event to
 # librdkafka (read back with kcat, %T, millisecond resolution).  The
-# append happens after that and before the acknowledgement, and the relay
-# writes published_at (the start of the transaction that records a batch)
-# after the acknowledgements of the whole batch arrived.  So:
+# append happens after that and before the acknowledgement, and
+# published_at is when the relay worker served the event's delivery
+# report, after the acknowledgement came back.  So:
 #     commit → CreateTime   <=   commit → broker append   <=   commit → published_at
 # Both bounds are printed; the target is judged on the upper one.
 #

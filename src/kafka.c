@@ -89,7 +89,8 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		ev->outcome = OBX_OUTCOME_DELIVERED;
 		ev->partition = msg->partition;
 		ev->offset = msg->offset;
-		producer->delivered_at = GetCurrentTimestamp();
+		ev->acked_at = GetCurrentTimestamp();
+		producer->delivered_at = ev->acked_at;
 	}
 	else
 	{

@@ -157,6 +157,7 @@ typedef struct ObxEvent
 	ObxErrorClass error_class;
 	int32 partition;
 	int64 offset;
+	TimestampTz acked_at; /* when the worker served its delivery report */
 } ObxEvent;
 
 typedef struct ObxBatch

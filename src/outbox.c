@@ -115,15 +115,17 @@ static const char *lease_sql =
 	" VALUES ($1, $2, now() + make_interval(secs => $3), $4, $5, $6)";
 
 /*
- * Delivered events: published, with where they landed.  No lease check: a
- * delivery is a fact, whoever reports it (a stale worker's late report
- * included; the event is then simply not sent again).
+ * Delivered events: published, with where they landed and when the worker
+ * received Kafka's acknowledgement.  No lease check: a delivery is a fact,
+ * whoever reports it (a stale worker's late report included; the event is
+ * then simply not sent again).
  */
 static const char *delivered_sql =
 	"UPDATE obx.outbox_events e"
-	"   SET published_at = now(), kafka_partition = d.p, kafka_offset = d.o,"
+	"   SET published_at = d.t, kafka_partition = d.p, kafka_offset = d.o,"
 	"       attempts = e.attempts + 1, quarantined_at = NULL"
-	"  FROM unnest($1::uuid[], $2::int4[], $3::int8[]) AS d(id, p, o)"
+	"  FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::timestamptz[])"
+	"       AS d(id, p, o, t)"
 	" WHERE e.id = d.id AND e.published_at IS NULL";
 
 /* Whether the batch's lease still exists; locks it until the record commits. */
@@ -260,9 +262,10 @@ prepare_plans(void)
 		lease_plan = obx_prepare_kept(lease_sql, 6, lease_types);
 	}
 	{
-		Oid types[3] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
+		Oid types[4] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
+						TIMESTAMPTZARRAYOID};
 
-		delivered_plan = obx_prepare_kept(delivered_sql, 3, types);
+		delivered_plan = obx_prepare_kept(delivered_sql, 4, types);
 	}
 	{
 		Oid types[6] = {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID,
@@ -542,7 +545,8 @@ record_delivered(ObxEvent **events, int n)
 {
 	Datum *parts = palloc(sizeof(Datum) * n);
 	Datum *offsets = palloc(sizeof(Datum) * n);
-	Datum args[3];
+	Datum *acked = palloc(sizeof(Datum) * n);
+	Datum args[4];
 	int i;
 	int rc;
 
@@ -550,6 +554,7 @@ record_delivered(ObxEvent **events, int n)
 	{
 		parts[i] = Int32GetDatum(events[i]->partition);
 		offsets[i] = Int64GetDatum(events[i]->offset);
+		acked[i] = TimestampTzGetDatum(events[i]->acked_at);
 		elog(DEBUG2, "obx event %s published to topic %s partition %d offset " INT64_FORMAT,
 			 events[i]->id_text, events[i]->topic, events[i]->partition,
 			 events[i]->offset);
@@ -558,6 +563,8 @@ record_delivered(ObxEvent **events, int n)
 	args[1] = PointerGetDatum(construct_array(parts, n, INT4OID, 4, true, TYPALIGN_INT));
 	args[2] = PointerGetDatum(construct_array(offsets, n, INT8OID, 8, FLOAT8PASSBYVAL,
 											  TYPALIGN_DOUBLE));
+	args[3] = PointerGetDatum(construct_array(acked, n, TIMESTAMPTZOID, 8,
+											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 	rc = SPI_execute_plan(delivered_plan, args, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE)
 		elog(ERROR, "obx could not mark events published: %s",

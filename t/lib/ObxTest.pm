@@ -124,23 +124,24 @@ sub wait_until
 
 # read_topic($mock, $topic): every message in the topic, read from the
 # beginning by kcat.  Each is a hash: partition, offset, key, payload,
-# headers (a hash), event_id.  Per partition they are in offset order.
+# headers (a hash), event_id, timestamp (the Kafka timestamp, in ms).
+# Per partition they are in offset order.
 sub read_topic
 {
 	my ($mock, $topic) = @_;
 	my ($out, $err) = ('', '');
 	my @cmd = ('kcat', '-C', '-b', $mock->{bootstrap}, '-t', $topic,
-		'-o', 'beginning', '-e', '-q', '-f', "%p\t%o\t%k\t%h\t%s\n");
+		'-o', 'beginning', '-e', '-q', '-f', "%p\t%o\t%T\t%k\t%h\t%s\n");
 	IPC::Run::run(\@cmd, '<', \undef, '>', \$out, '2>', \$err,
 		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
 	my @msgs;
 	for my $line (split /\n/, $out)
 	{
-		my ($p, $o, $k, $h, $s) = split /\t/, $line, 5;
+		my ($p, $o, $t, $k, $h, $s) = split /\t/, $line, 6;
 		next unless defined $o && $o =~ /^\d+$/;
 		my %headers = map { split /=/, $_, 2 } grep { length } split /,/, ($h // '');
 		push @msgs, {
-			partition => $p, offset => $o, key => $k, payload => $s,
+			partition => $p, offset => $o, timestamp => $t, key => $k, payload => $s,
 			headers => \%headers, event_id => $headers{event_id} };
 	}
 	return \@msgs;
