@@ -399,6 +399,18 @@ obx_relay_main(Datum main_arg)
 	 */
 	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
 
+#ifdef USE_LZ4
+
+	/*
+	 * A lease row holds its batch's ids, topics and keys (tens of kB for a
+	 * full batch), which PostgreSQL compresses into TOAST: with pglz, the
+	 * default, that was 6 % of a claim's time in a drain, inside the claim
+	 * lock.  lz4 compresses several times faster.  Only values this worker
+	 * writes are affected, and the server reads either kind.
+	 */
+	SetConfigOption("default_toast_compression", "lz4", PGC_USERSET, PGC_S_OVERRIDE);
+#endif
+
 	ereport(LOG,
 			(errmsg("obx relay %d started for database \"%s\"", my_worker,
 					obx_database)));
