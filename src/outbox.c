@@ -9,8 +9,8 @@
  * committed here; none is ever open while the worker waits on Kafka.
  * Statements are prepared once per worker and kept (SPI_keepplan).
  *
- * The claim is where per-key order is decided.  A key is blocked while an
- * unexpired lease holds one of its events, or while one of its unpublished
+ * The claim is where per-key order is decided.  A key is blocked while a
+ * lease holds one of its events, or while one of its unpublished
  * events is backing off, or quarantined (when obx.quarantine_blocks_key is
  * on); an event is claimable when it is unpublished, not quarantined, due,
  * and its key is not blocked.  Claims are serialized by a
@@ -26,12 +26,16 @@
  * A lease is one row of obx.leases per batch (the events' ids, topics and
  * keys), not a write to each claimed event: an event is written once on
  * its way to Kafka, when the record step marks it published (or failed).
- * A claim first deletes the expired leases, in a statement of its own, so
- * that a stalled worker coming back finds its lease gone (its renewal and
- * its record step check for it) whenever another claim may have taken its
- * events over.
+ * An expired lease keeps blocking its keys until a claim deletes it, in a
+ * statement of its own before its snapshot, so that a stalled worker
+ * coming back finds its lease gone (its renewal and its record step check
+ * for it) whenever another claim may have taken its events over.  Each
+ * worker's claims do that at most every OBX_EXPIRE_INTERVAL_MS: leases
+ * expire only when a worker stalls or dies, and the statement scans every
+ * lease, live and dead, which on a busy relay cost a scan per claim of a
+ * table churning hundreds of rows a second.
  *
- * The blocked keys come from the unexpired leases (at most two batches
+ * The blocked keys come from the leases (at most two batches
  * per worker) and from outbox_events_active_idx, which holds only the
  * unpublished events that have failed (usually none; after an outage, the
  * events that failed until they are published).  They are hashed once per
@@ -65,12 +69,16 @@
 
 #define OBX_PURGE_BATCH 1000
 
+/* How often a worker's claims delete expired leases (see above). */
+#define OBX_EXPIRE_INTERVAL_MS 1000
+
 /* Failed events of one batch logged one by one; the rest are counted. */
 #define OBX_LOGGED_FAILURES 10
 
 static SPIPlanPtr claim_lock_plan = NULL;
 static SPIPlanPtr lease_id_plan = NULL;
 static SPIPlanPtr expire_plan = NULL;
+static TimestampTz next_expire = 0; /* this worker's next deletion of expired leases */
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr lease_plan = NULL;
 static SPIPlanPtr delivered_plan = NULL;
@@ -86,7 +94,6 @@ static const char *claim_sql =
 	"WITH blocked AS MATERIALIZED ("
 	"  SELECT k.topic, k.event_key"
 	"    FROM obx.leases l, unnest(l.topics, l.keys) AS k(topic, event_key)"
-	"   WHERE l.until >= now()"
 	"  UNION"
 	"  SELECT b.topic, b.event_key"
 	"    FROM obx.outbox_events b"
@@ -424,9 +431,15 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 		elog(ERROR, "obx claim lock failed: %s", SPI_result_code_string(rc));
 
 	/* A statement of its own: the claim's snapshot must see its effect. */
-	rc = SPI_execute_plan(expire_plan, NULL, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "obx could not remove expired leases: %s", SPI_result_code_string(rc));
+	if (GetCurrentTimestamp() >= next_expire)
+	{
+		rc = SPI_execute_plan(expire_plan, NULL, NULL, false, 0);
+		if (rc != SPI_OK_DELETE)
+			elog(ERROR, "obx could not remove expired leases: %s",
+				 SPI_result_code_string(rc));
+		next_expire = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												  OBX_EXPIRE_INTERVAL_MS);
+	}
 
 	args[0] = BoolGetDatum(obx_quarantine_blocks_key);
 	args[1] = Int32GetDatum(obx_batch_size);
