@@ -10,9 +10,9 @@
  * Statements are prepared once per worker and kept (SPI_keepplan).
  *
  * The claim is where per-key order is decided.  A key is blocked while a
- * lease holds one of its events, or while one of its unpublished
- * events is backing off, or quarantined (when obx.quarantine_blocks_key is
- * on); an event is claimable when it is unpublished, not quarantined, due,
+ * lease holds one of its events, or while one of its unpublished events is
+ * backing off, or quarantined (when obx.quarantine_blocks_key is on); an
+ * event is claimable when it is unpublished, not quarantined, due,
  * and its key is not blocked.  Claims are serialized by a
  * transaction-level advisory lock, so a claim always sees the leases of
  * the claims before it, and a claim takes the earliest claimable events in
@@ -403,11 +403,12 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	 * Publish only what is durable.  A transaction that committed
 	 * synchronously became visible after its commit record was flushed; one
 	 * that committed asynchronously (synchronous_commit = off) is visible
-	 * at once, and the commit log keeps the position of its commit record
-	 * until that is flushed (that is what it holds back hint bits with).
-	 * So the claim reads each event's inserting transaction (xmin) and
-	 * flushes the WAL up to the latest such position before anything is
-	 * produced; when every event committed synchronously nothing waits.
+	 * at once, and the commit log keeps, for each group of 32 transactions,
+	 * the WAL position of the group's latest asynchronous commit record
+	 * (PostgreSQL holds hint bits back with it until that is flushed).  So
+	 * the claim reads each event's inserting transaction (xmin) and flushes
+	 * the WAL up to the latest such position before anything is produced;
+	 * when no event's group holds an asynchronous commit, nothing waits.
 	 * With synchronous standbys the claim instead flushes, and waits for
 	 * them, up to the WAL's insert position read right after its snapshot
 	 * is taken: every event it sees committed before that, and a commit
