@@ -167,6 +167,7 @@ usage(FILE *out)
 			"  request-errors-clear <ApiName|ApiKey>\n"
 			"  topic-create <name> [<partitions> [<replication>]]\n"
 			"  topic-error <name> <err>          (NO_ERROR clears)\n"
+			"  leader <name> <partition> <broker_id>\n"
 			"  brokers\n"
 			"  quit\n");
 }
@@ -530,6 +531,35 @@ exec_command(char *line, char *reply, size_t replysz)
 			/* Note: creates the topic with default settings if missing. */
 			rd_kafka_mock_topic_set_error(state.mcluster, args[1], err);
 			snprintf(reply, replysz, "ok");
+		}
+	}
+	else if (strcmp(cmd, "leader") == 0)
+	{
+		long partition;
+		int32_t broker_id;
+
+		if (nargs != 4)
+			snprintf(reply, replysz,
+					 "error usage: leader <name> <partition> <broker_id>");
+		else if (!valid_topic_name(args[1]))
+			snprintf(reply, replysz, "error invalid topic name \"%s\"",
+					 args[1]);
+		else if (!parse_int(args[2], 0, MAX_PARTITIONS - 1, &partition))
+			snprintf(reply, replysz, "error invalid partition \"%s\" (0..%d)",
+					 args[2], MAX_PARTITIONS - 1);
+		else if (strcasecmp(args[3], "all") == 0 ||
+				 !parse_broker_id(args[3], &broker_id))
+			snprintf(reply, replysz, "error invalid broker id \"%s\" (1..%d)",
+					 args[3], state.broker_cnt);
+		else
+		{
+			err = rd_kafka_mock_partition_set_leader(state.mcluster, args[1],
+													 (int32_t) partition,
+													 broker_id);
+			if (err)
+				snprintf(reply, replysz, "error %s", rd_kafka_err2name(err));
+			else
+				snprintf(reply, replysz, "ok");
 		}
 	}
 	else if (strcmp(cmd, "brokers") == 0)
