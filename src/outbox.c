@@ -532,14 +532,16 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	}
 
 	obx_step_end(caller);
-	if (batch->nevents > 0 && SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0')
+	if (batch->nevents == 0)
+		return false;
+	if (SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0')
 	{
 		XLogFlush(visible_upto);
 		SyncRepWaitForLSN(visible_upto, true);
 	}
-	else if (batch->nevents > 0 && flush_upto != InvalidXLogRecPtr)
+	else if (flush_upto != InvalidXLogRecPtr)
 		XLogFlush(flush_upto);
-	return batch->nevents > 0;
+	return true;
 }
 
 static Datum
