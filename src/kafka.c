@@ -545,7 +545,8 @@ obx_kafka_serve(ObxProducer *producer)
 {
 	char buf[64];
 
-	while (read(producer->pipefd[0], buf, sizeof(buf)) > 0)
+	/* A short read means the pipe is empty: no second read to hear EAGAIN. */
+	while (read(producer->pipefd[0], buf, sizeof(buf)) == sizeof(buf))
 		;
 	while (rd_kafka_poll(producer->rk, 0) > 0)
 		;

@@ -105,21 +105,50 @@ process_reload(void)
 }
 
 /*
+ * What the worker sleeps on: its latch, postmaster death and, while it has
+ * a producer, the pipe librdkafka signals its reports on.  Built once per
+ * producer: WaitLatchOrSocket builds and frees an epoll set on every call,
+ * five system calls around each wait, and the worker waits hundreds of
+ * times a second.
+ */
+static WaitEventSet *wait_set = NULL;
+
+static void
+free_wait_set(void)
+{
+	if (wait_set != NULL)
+		FreeWaitEventSet(wait_set);
+	wait_set = NULL;
+}
+
+/* Destroy the producer (see obx_kafka_destroy) and the wait set on its pipe. */
+static void
+drop_producer(void)
+{
+	obx_kafka_destroy(producer, 0);
+	producer = NULL;
+	free_wait_set();
+}
+
+/*
  * Sleep until the latch is set, the producer has something to serve, or
  * timeout_ms passes.  Serves the producer and the signals on the way out.
  */
 static void
 wait_for_work(long timeout_ms)
 {
-	int events = WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH;
-	pgsocket fd = PGINVALID_SOCKET;
+	WaitEvent occurred;
 
-	if (producer != NULL)
+	if (wait_set == NULL)
 	{
-		events |= WL_SOCKET_READABLE;
-		fd = obx_kafka_event_fd(producer);
+		wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+		AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+		AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+		if (producer != NULL)
+			AddWaitEventToSet(wait_set, WL_SOCKET_READABLE,
+							  obx_kafka_event_fd(producer), NULL, NULL);
 	}
-	(void) WaitLatchOrSocket(MyLatch, events, fd, timeout_ms, PG_WAIT_EXTENSION);
+	(void) WaitEventSetWait(wait_set, timeout_ms, &occurred, 1, PG_WAIT_EXTENSION);
 	ResetLatch(MyLatch);
 	CHECK_FOR_INTERRUPTS();
 	if (producer != NULL)
@@ -248,8 +277,7 @@ abandon_flights(void)
 {
 	int i;
 
-	obx_kafka_destroy(producer, 0);
-	producer = NULL;
+	drop_producer();
 	for (i = 0; i < OBX_PIPELINE; i++)
 		if (flights[i].used)
 			land_flight(&flights[i]);
@@ -338,10 +366,7 @@ serve_flights(void)
 			all_done = false;
 
 	if (all_done && producer != NULL && obx_kafka_broken(producer))
-	{
-		obx_kafka_destroy(producer, 0);
-		producer = NULL;
-	}
+		drop_producer();
 }
 
 /*
@@ -476,10 +501,7 @@ obx_relay_main(Datum main_arg)
 		 * (serve_flights gives the batches in flight up first).
 		 */
 		if (rebuild_producer && producer != NULL && nflights == 0)
-		{
-			obx_kafka_destroy(producer, 0);
-			producer = NULL;
-		}
+			drop_producer();
 
 		if (producer == NULL)
 		{
@@ -492,6 +514,7 @@ obx_relay_main(Datum main_arg)
 			}
 			producer = obx_kafka_create(errbuf, sizeof(errbuf));
 			rebuild_producer = false;
+			free_wait_set(); /* the next wait watches the new producer's pipe */
 			if (producer == NULL)
 			{
 				ereport(WARNING,
@@ -548,8 +571,7 @@ obx_relay_main(Datum main_arg)
 	}
 
 	obx_status_set_state(my_worker, OBX_STATE_STOPPING);
-	obx_kafka_destroy(producer, 0);
-	producer = NULL;
+	drop_producer();
 	ereport(LOG, (errmsg("obx relay %d stopped", my_worker)));
 
 	/*
