@@ -13,6 +13,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -32,6 +33,7 @@ PG_FUNCTION_INFO_V1(obx_wake);
 static SPIPlanPtr insert_plan = NULL;
 static SPIPlanPtr existing_plan = NULL;
 static bool wake_at_commit = false;
+static bool async_commit_announced = false; /* see obx_async_commit_starting */
 static bool callback_registered = false;
 
 /*
@@ -178,8 +180,20 @@ wake_callback(XactEvent event, void *arg)
 {
 	switch (event)
 	{
+		case XACT_EVENT_PRE_COMMIT:
+			/* The relay flushes such a commit before it publishes its events. */
+			if (wake_at_commit && synchronous_commit == SYNCHRONOUS_COMMIT_OFF &&
+				!async_commit_announced)
+			{
+				obx_async_commit_starting();
+				async_commit_announced = true;
+			}
+			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
+			if (async_commit_announced)
+				obx_async_commit_done(XactLastCommitEnd);
+			async_commit_announced = false;
 			if (wake_at_commit)
 				obx_wake_workers();
 			wake_at_commit = false;
@@ -187,7 +201,13 @@ wake_callback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
-			/* COMMIT PREPARED wakes nobody: the poll finds those events. */
+			/*
+			 * COMMIT PREPARED is always flushed, and wakes nobody: the poll
+			 * finds those events.
+			 */
+			if (async_commit_announced)
+				obx_async_commit_done(InvalidXLogRecPtr);
+			async_commit_announced = false;
 			wake_at_commit = false;
 			break;
 		default:

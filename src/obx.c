@@ -320,6 +320,8 @@ obx_shmem_startup(void)
 		for (i = 0; i < OBX_MAX_WORKERS; i++)
 			SpinLockInit(&obx_shared->workers[i].mutex);
 		pg_atomic_init_u32(&obx_shared->next_wake, 0);
+		pg_atomic_init_u32(&obx_shared->async_committing, 0);
+		pg_atomic_init_u64(&obx_shared->async_commit_end, 0);
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -366,4 +368,61 @@ obx_wake_workers(void)
 	}
 	if (fallback != NULL)
 		SetLatch(fallback);
+}
+
+/*
+ * Asynchronous commits (synchronous_commit = off) of transactions that
+ * changed events through obx's functions.
+ *
+ * Such a commit is visible before its WAL is flushed, and the relay must
+ * not publish an event a crash could still take back (see
+ * obx_outbox_claim).  The committing backend announces the commit in its
+ * pre-commit callback (obx_async_commit_starting) and, in its commit
+ * callback, which runs after the commit became visible, publishes where
+ * its commit record ends and withdraws the announcement
+ * (obx_async_commit_done).  A claim that finds no commit announced after
+ * taking its snapshot knows that every such commit it sees ends at or
+ * before async_commit_end: flushing up to there makes them durable.
+ * Synchronous commits never show up here: they are flushed before they
+ * are visible.
+ */
+void
+obx_async_commit_starting(void)
+{
+	if (obx_shared != NULL)
+		pg_atomic_fetch_add_u32(&obx_shared->async_committing, 1);
+}
+
+/* commit_end is InvalidXLogRecPtr when the transaction did not commit. */
+void
+obx_async_commit_done(XLogRecPtr commit_end)
+{
+	uint64 seen;
+
+	if (obx_shared == NULL)
+		return;
+	seen = pg_atomic_read_u64(&obx_shared->async_commit_end);
+	while (seen < commit_end &&
+		   !pg_atomic_compare_exchange_u64(&obx_shared->async_commit_end, &seen, commit_end))
+		;
+	pg_atomic_fetch_sub_u32(&obx_shared->async_committing, 1);
+}
+
+/*
+ * obx_async_commits_settled
+ *		Whether no asynchronous commit is between its two callbacks; if so,
+ *		*commit_end is where the latest one's commit record ends.  Called
+ *		after the caller's snapshot is taken.
+ */
+bool
+obx_async_commits_settled(XLogRecPtr *commit_end)
+{
+	if (obx_shared == NULL)
+		return false;
+	pg_memory_barrier();
+	if (pg_atomic_read_u32(&obx_shared->async_committing) != 0)
+		return false;
+	pg_read_barrier();
+	*commit_end = pg_atomic_read_u64(&obx_shared->async_commit_end);
+	return true;
 }

@@ -22,6 +22,7 @@
 
 #include "postgres.h"
 
+#include "access/xlogdefs.h"
 #include "datatype/timestamp.h"
 #include "port/atomics.h"
 #include "storage/latch.h"
@@ -107,6 +108,15 @@ typedef struct ObxShared
 {
 	int nworkers;
 	pg_atomic_uint32 next_wake; /* round robin of obx_wake_workers */
+
+	/*
+	 * Asynchronous commits of transactions that changed events through
+	 * obx's functions: how many are between their pre-commit and commit
+	 * callbacks, and the end of the latest one's commit record (see
+	 * obx_async_commits_settled).
+	 */
+	pg_atomic_uint32 async_committing;
+	pg_atomic_uint64 async_commit_end;
 	ObxWorkerSlot workers[OBX_MAX_WORKERS];
 } ObxShared;
 
@@ -173,6 +183,9 @@ typedef struct ObxBatch
 
 /* obx.c */
 extern void obx_wake_workers(void);
+extern void obx_async_commit_starting(void);
+extern void obx_async_commit_done(XLogRecPtr commit_end);
+extern bool obx_async_commits_settled(XLogRecPtr *commit_end);
 
 /* relay.c */
 extern PGDLLEXPORT void obx_relay_main(Datum main_arg);

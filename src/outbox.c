@@ -390,6 +390,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	bool isnull;
 	XLogRecPtr visible_upto;
 	XLogRecPtr flush_upto = InvalidXLogRecPtr;
+	bool settled;
 	TransactionId last_xmin = InvalidTransactionId;
 	Snapshot snapshot;
 	Datum *ids;
@@ -403,12 +404,19 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	 * Publish only what is durable.  A transaction that committed
 	 * synchronously became visible after its commit record was flushed; one
 	 * that committed asynchronously (synchronous_commit = off) is visible
-	 * at once, and the commit log keeps, for each group of 32 transactions,
-	 * the WAL position of the group's latest asynchronous commit record
-	 * (PostgreSQL holds hint bits back with it until that is flushed).  So
-	 * the claim reads each event's inserting transaction (xmin) and flushes
-	 * the WAL up to the latest such position before anything is produced;
-	 * when no event's group holds an asynchronous commit, nothing waits.
+	 * at once, so the claim flushes the WAL past its commit record before
+	 * anything is produced.  Where that record ends comes from
+	 * obx_async_commits_settled: obx's functions (obx.enqueue and the
+	 * operator functions) report each asynchronous commit of theirs, and
+	 * when none is under way once the claim's snapshot is taken, every one
+	 * the claim can see ends at or before the reported position.  When one
+	 * is under way, the claim falls back to the commit log: for each group
+	 * of 32 transactions it keeps the WAL position of the group's latest
+	 * asynchronous commit record (PostgreSQL holds hint bits back with it
+	 * until that is flushed), so the claim reads each event's inserting
+	 * transaction (xmin) and flushes up to the latest such position.  The
+	 * relay's own commits are asynchronous and share those groups, which
+	 * is why that is only the fallback: it flushed on nearly every claim.
 	 * With synchronous standbys the claim instead flushes, and waits for
 	 * them, up to the WAL's insert position read right after its snapshot
 	 * is taken: every event it sees committed before that, and a commit
@@ -448,6 +456,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	/* The WAL position is read after the claim's snapshot is taken. */
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	visible_upto = GetXLogInsertRecPtr();
+	settled = obx_async_commits_settled(&flush_upto);
 	rc = SPI_execute_snapshot(claim_plan, args, NULL, snapshot, InvalidSnapshot,
 							  true, false, 0);
 	UnregisterSnapshot(snapshot);
@@ -502,7 +511,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 
 		/* A backlog comes from few transactions: look each one up once. */
 		xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 9, &isnull));
-		if (xmin != last_xmin)
+		if (!settled && xmin != last_xmin)
 		{
 			XLogRecPtr commit_lsn = TransactionIdGetCommitLSN(xmin);
 
@@ -539,7 +548,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 		XLogFlush(visible_upto);
 		SyncRepWaitForLSN(visible_upto, true);
 	}
-	else if (flush_upto != InvalidXLogRecPtr)
+	else if (flush_upto > GetFlushRecPtr(NULL))
 		XLogFlush(flush_upto);
 	return true;
 }
