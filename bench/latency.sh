@@ -22,8 +22,13 @@
 #     commit → CreateTime   <=   commit → broker append   <=   commit → published_at
 # Both bounds are printed; the target is judged on the upper one.
 #
-# Baseline: bench/produce_baseline in paced mode, the same rate, messages
+# Baselines: bench/produce_baseline in paced mode, the same rate, messages
 # and producer settings with no database: produce call → delivery report.
+# It runs twice: alone, and while pgbench runs the same load with a plain
+# INSERT instead of obx.enqueue (pgbench/enqueue_plain.sql, same clients
+# and rate, no relay work).  The second shows what the host's load alone
+# does to a bare producer's latency on this machine; the ratio column is
+# against it.
 
 bench_latency()
 {
@@ -122,17 +127,37 @@ bench_latency()
 		b99=$(sed -n 's/.*p99_ms=\([0-9.]*\).*/\1/p' <<<"$base")
 		bmax=$(sed -n 's/.*max_ms=\([0-9.]*\).*/\1/p' <<<"$base")
 
+		# The same producer while the same load runs without obx.
+		local loaded l50 l99 lmax ltps
+		run_pgbench -c "$clients" -j "$threads" -R "$rate" -T "$secs" -M prepared \
+			-f "$here/pgbench/enqueue_plain.sql" >"$work/latency_plain_$rate.log" 2>&1 &
+		pgb=$!
+		bench_jobs="$bench_jobs $pgb"
+		loaded=$("$here/produce_baseline" -b "$brokers" -t "$topic.librdkafka.loaded" -f "$work/messages.tsv" -r "$rate" -d "$secs") || {
+			echo "bench: librdkafka latency baseline under load: $loaded" >&2
+			return 1
+		}
+		wait "$pgb" || {
+			cat "$work/latency_plain_$rate.log" >&2
+			return 1
+		}
+		ltps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$work/latency_plain_$rate.log")
+		l50=$(sed -n 's/.*p50_ms=\([0-9.]*\).*/\1/p' <<<"$loaded")
+		l99=$(sed -n 's/.*p99_ms=\([0-9.]*\).*/\1/p' <<<"$loaded")
+		lmax=$(sed -n 's/.*max_ms=\([0-9.]*\).*/\1/p' <<<"$loaded")
+
 		rows="$rows
-$rate/s (achieved $(calc "$tps" 0)/s, $events events$unpublished, peak backlog $peak, client lag avg ${lag:-?} ms) | commit -> published_at (upper bound) | $up50 | $up99 | $upmax | $(ratio "$up99" "$b99")
- | commit -> Kafka CreateTime (lower bound; $matched of $events read back) | $lo50 | $lo99 | $lomax | $(ratio "$lo99" "$b99")
- | baseline: librdkafka alone, produce -> ack | $b50 | $b99 | $bmax | 1.00"
+$rate/s (achieved $(calc "$tps" 0)/s, $events events$unpublished, peak backlog $peak, client lag avg ${lag:-?} ms) | commit -> published_at (upper bound) | $up50 | $up99 | $upmax | $(ratio "$up99" "$l99")
+ | commit -> Kafka CreateTime (lower bound; $matched of $events read back) | $lo50 | $lo99 | $lomax | $(ratio "$lo99" "$l99")
+ | baseline: librdkafka alone, produce -> ack, while $(calc "${ltps:-0}" 0) plain INSERT transactions/s run | $l50 | $l99 | $lmax | 1.00
+ | baseline: librdkafka alone on a quiet host | $b50 | $b99 | $bmax | $(ratio "$b99" "$l99")"
 		if [ "$rate" = 2000 ]; then
 			verdict_line="target: p99 ≤ 20 ms at 2,000 events/s: commit → published_at p99 $up99 ms — $(verdict "$(awk -v v="$up99" 'BEGIN { print (v ~ /^[0-9.]+$/ && v <= 20) }')") (lower bound, commit → CreateTime, p99 $lo99 ms)"
 		fi
 	done
 
 	{
-		echo "rate | measure | p50 ms | p99 ms | max ms | p99 / baseline p99"
+		echo "rate | measure | p50 ms | p99 ms | max ms | p99 / loaded baseline p99"
 		echo "${rows#?}"
 	} | table
 	echo "${verdict_line:-target: p99 ≤ 20 ms at 2,000 events/s — not measured (2000 not in LATENCY_RATES)}"
