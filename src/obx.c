@@ -167,8 +167,8 @@ define_gucs(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("obx.poll_interval",
-							"How often an idle worker looks for events without "
-							"being woken.",
+							"How often a worker looks for events it was not "
+							"told about.",
 							"Commits of obx.enqueue wake the workers at once; this "
 							"is the fallback.",
 							&obx_poll_interval_ms,
@@ -322,6 +322,9 @@ obx_shmem_startup(void)
 		pg_atomic_init_u32(&obx_shared->next_wake, 0);
 		pg_atomic_init_u32(&obx_shared->async_committing, 0);
 		pg_atomic_init_u64(&obx_shared->async_commit_end, 0);
+		pg_atomic_init_u64(&obx_shared->changes, 0);
+		/* Unequal, so that the first claim is not skipped. */
+		pg_atomic_init_u64(&obx_shared->claimed_changes, PG_UINT64_MAX);
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -349,6 +352,7 @@ obx_wake_workers(void)
 	if (obx_shared == NULL || obx_shared->nworkers == 0)
 		return;
 
+	obx_note_change();
 	n = obx_shared->nworkers;
 	start = (int) (pg_atomic_fetch_add_u32(&obx_shared->next_wake, 1) % n);
 	for (i = 0; i < n; i++)
@@ -425,4 +429,55 @@ obx_async_commits_settled(XLogRecPtr *commit_end)
 	pg_read_barrier();
 	*commit_end = pg_atomic_read_u64(&obx_shared->async_commit_end);
 	return true;
+}
+
+/*
+ * Skipping claims that would find nothing.
+ *
+ * At a steady rate a worker claims again as soon as it has room in its
+ * pipeline, and the other worker has often just taken everything: about a
+ * fifth of the claims at 2,000 events/s came back empty, each a
+ * transaction, the claim lock and a scan.  Events become claimable only
+ * through a change the workers hear of (obx_note_change: a commit of
+ * obx.enqueue or an operator function, which runs after the commit is
+ * visible; a lease ended or released) or through time (a backoff or a lease
+ * running out, a prepared transaction's commit, a row written directly),
+ * which the workers' poll (obx.poll_interval) covers as before.  A claim
+ * reads the count of changes before its snapshot and, if it took
+ * everything it could, publishes that count after it committed: until the
+ * count moves again, another claim would find nothing.
+ */
+void
+obx_note_change(void)
+{
+	if (obx_shared != NULL)
+		pg_atomic_fetch_add_u64(&obx_shared->changes, 1);
+}
+
+/* The count of changes, read before a claim's snapshot. */
+uint64
+obx_changes(void)
+{
+	pg_memory_barrier();
+	return pg_atomic_read_u64(&obx_shared->changes);
+}
+
+/* A committed claim took everything claimable as of changes. */
+void
+obx_claimed_changes(uint64 changes)
+{
+	uint64 seen = pg_atomic_read_u64(&obx_shared->claimed_changes);
+
+	while ((seen == PG_UINT64_MAX || seen < changes) &&
+		   !pg_atomic_compare_exchange_u64(&obx_shared->claimed_changes, &seen, changes))
+		;
+}
+
+/* Whether nothing happened since a claim took everything claimable. */
+bool
+obx_claim_pointless(void)
+{
+	pg_memory_barrier();
+	return pg_atomic_read_u64(&obx_shared->changes) ==
+		   pg_atomic_read_u64(&obx_shared->claimed_changes);
 }

@@ -117,6 +117,15 @@ typedef struct ObxShared
 	 */
 	pg_atomic_uint32 async_committing;
 	pg_atomic_uint64 async_commit_end;
+
+	/*
+	 * What can make events claimable, counted: commits of obx's functions
+	 * and ended or released leases.  claimed_changes is the count a claim
+	 * read before its snapshot, published when that claim took everything
+	 * it could (see obx_claim_pointless).
+	 */
+	pg_atomic_uint64 changes;
+	pg_atomic_uint64 claimed_changes;
 	ObxWorkerSlot workers[OBX_MAX_WORKERS];
 } ObxShared;
 
@@ -175,6 +184,7 @@ typedef struct ObxBatch
 	int64 lease_id;
 	int nevents;
 	int in_flight;
+	bool full; /* the claim stopped at obx.batch_size or OBX_BATCH_BYTES */
 	ObxEvent *events;
 	TimestampTz retry_at; /* set by obx_outbox_record: when the last of its
 						   * failed, not quarantined events is due again,
@@ -186,6 +196,10 @@ extern void obx_wake_workers(void);
 extern void obx_async_commit_starting(void);
 extern void obx_async_commit_done(XLogRecPtr commit_end);
 extern bool obx_async_commits_settled(XLogRecPtr *commit_end);
+extern void obx_note_change(void);
+extern uint64 obx_changes(void);
+extern void obx_claimed_changes(uint64 changes);
+extern bool obx_claim_pointless(void);
 
 /* relay.c */
 extern PGDLLEXPORT void obx_relay_main(Datum main_arg);

@@ -391,6 +391,8 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	XLogRecPtr visible_upto;
 	XLogRecPtr flush_upto = InvalidXLogRecPtr;
 	bool settled;
+	uint64 changes;
+	bool expired = false;
 	TransactionId last_xmin = InvalidTransactionId;
 	Snapshot snapshot;
 	Datum *ids;
@@ -446,6 +448,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 		if (rc != SPI_OK_DELETE)
 			elog(ERROR, "obx could not remove expired leases: %s",
 				 SPI_result_code_string(rc));
+		expired = SPI_processed > 0;
 		next_expire = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 												  OBX_EXPIRE_INTERVAL_MS);
 	}
@@ -454,6 +457,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	args[1] = Int32GetDatum(obx_batch_size);
 
 	/* The WAL position is read after the claim's snapshot is taken. */
+	changes = obx_changes();
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	visible_upto = GetXLogInsertRecPtr();
 	settled = obx_async_commits_settled(&flush_upto);
@@ -480,6 +484,7 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	step_cxt = MemoryContextSwitchTo(caller);
 	batch->lease_id = lease_id;
 	batch->nevents = (int) n;
+	batch->full = nrows >= (uint64) obx_batch_size || n < nrows;
 	batch->in_flight = 0;
 	batch->retry_at = 0;
 	batch->events = n > 0 ? palloc0(sizeof(ObxEvent) * n) : NULL;
@@ -541,6 +546,10 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	}
 
 	obx_step_end(caller);
+	if (expired)
+		obx_note_change(); /* their keys are free for the other workers too */
+	if (!batch->full)
+		obx_claimed_changes(changes);
 	if (batch->nevents == 0)
 		return false;
 	if (SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0')
@@ -742,6 +751,7 @@ obx_outbox_record(ObxBatch *batch)
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "obx could not end a lease: %s", SPI_result_code_string(rc));
 	obx_step_end(caller);
+	obx_note_change(); /* the lease's keys are free, its unsent events too */
 	return published;
 }
 
@@ -778,6 +788,8 @@ obx_outbox_release_orphans(int worker)
 											   SPI_tuptable->tupdesc, 1, &isnull));
 	}
 	obx_step_end(caller);
+	if (released > 0)
+		obx_note_change();
 	return released;
 }
 

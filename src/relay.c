@@ -183,6 +183,14 @@ typedef struct Flight
 
 static Flight flights[OBX_PIPELINE];
 static int nflights = 0;
+
+/*
+ * When this worker claims next even if no change was heard of since the
+ * latest claim (obx_claim_pointless): after obx.poll_interval, and at once
+ * after a claim that stopped at the batch's limits.
+ */
+static TimestampTz next_poll = 0;
+static bool claim_again = false;
 static TimestampTz give_up_at = 0; /* shutting down: stop waiting then */
 
 /*
@@ -195,6 +203,11 @@ launch_flight(void)
 	Flight *f = NULL;
 	MemoryContext old;
 	int i;
+
+	if (!claim_again && GetCurrentTimestamp() < next_poll && obx_claim_pointless())
+		return false;
+	next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), obx_poll_interval_ms);
+	claim_again = false;
 
 	for (i = 0; i < OBX_PIPELINE && f == NULL; i++)
 		if (!flights[i].used)
@@ -213,6 +226,7 @@ launch_flight(void)
 	}
 	f->used = true;
 	nflights++;
+	claim_again = f->batch.full;
 	obx_status_set_state(my_worker, OBX_STATE_PRODUCING);
 	f->produced_since = GetCurrentTimestamp();
 	obx_kafka_produce(producer, &f->batch);
@@ -537,7 +551,7 @@ obx_relay_main(Datum main_arg)
 		if (nflights == 0)
 		{
 			obx_status_set_state(my_worker, idle_state());
-			wait_for_work(obx_poll_interval_ms);
+			wait_for_work(Max(1, Min(obx_poll_interval_ms, ms_until(next_poll))));
 			continue;
 		}
 
