@@ -14,6 +14,12 @@
 # commits only after every other event is published: its event has the
 # lowest seq of all and becomes visible last, the classic trap of a relay
 # that reads "ids after the last one seen"; it must still be published.
+#
+# The workers poll only once an hour (obx.poll_interval), so every claim
+# after the first comes from a commit's wake-up or a change the workers
+# count (src/obx.c, obx_claim_pointless).  A claim skipped when something
+# had changed would leave events unpublished for the hour, and the waits
+# below would time out.
 use strict;
 use warnings;
 
@@ -34,6 +40,7 @@ my $mock = start_mock();
 my $node = obx_node('concurrent', $mock,
 	'obx.workers' => 3,
 	'obx.batch_size' => 50,
+	'obx.poll_interval' => "'1h'",
 	'max_connections' => 40);
 
 $node->safe_psql('postgres', qq{
