@@ -203,10 +203,12 @@ wake_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			/*
 			 * COMMIT PREPARED is always flushed, and wakes nobody: the poll
-			 * finds those events.
+			 * finds those events.  XactLastCommitEnd is this transaction's
+			 * commit end if an error came after its commit record, an older
+			 * one otherwise: either is safe to report.
 			 */
 			if (async_commit_announced)
-				obx_async_commit_done(InvalidXLogRecPtr);
+				obx_async_commit_done(XactLastCommitEnd);
 			async_commit_announced = false;
 			wake_at_commit = false;
 			break;

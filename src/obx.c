@@ -397,7 +397,7 @@ obx_async_commit_starting(void)
 		pg_atomic_fetch_add_u32(&obx_shared->async_committing, 1);
 }
 
-/* commit_end is InvalidXLogRecPtr when the transaction did not commit. */
+/* commit_end: where the transaction's commit record ends, or an earlier position. */
 void
 obx_async_commit_done(XLogRecPtr commit_end)
 {

@@ -456,7 +456,10 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	args[0] = BoolGetDatum(obx_quarantine_blocks_key);
 	args[1] = Int32GetDatum(obx_batch_size);
 
-	/* The WAL position is read after the claim's snapshot is taken. */
+	/*
+	 * The count of changes is read before the claim's snapshot is taken,
+	 * the WAL position and the asynchronous commits after it.
+	 */
 	changes = obx_changes();
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	visible_upto = GetXLogInsertRecPtr();
