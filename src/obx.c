@@ -440,12 +440,15 @@ obx_async_commits_settled(XLogRecPtr *commit_end)
  * transaction, the claim lock and a scan.  Events become claimable only
  * through a change the workers hear of (obx_note_change: a commit of
  * obx.enqueue or an operator function, which runs after the commit is
- * visible; a lease ended or released) or through time (a backoff or a lease
- * running out, a prepared transaction's commit, a row written directly),
- * which the workers' poll (obx.poll_interval) covers as before.  A claim
+ * visible; leases released or expired, a stopping worker's records), through
+ * a worker's own record (after which that worker claims next, see relay.c)
+ * or through time (a backoff or a lease running out, a prepared
+ * transaction's commit, a row written directly), which each worker's poll
+ * (a claim at least every obx.poll_interval) covers as before.  A claim
  * reads the count of changes before its snapshot and, if it took
- * everything it could, publishes that count after it committed: until the
- * count moves again, another claim would find nothing.
+ * everything it could, publishes that count before its commit releases the
+ * claim lock: until the count moves again, another claim would find
+ * nothing.
  */
 void
 obx_note_change(void)

@@ -119,8 +119,9 @@ typedef struct ObxShared
 	pg_atomic_uint64 async_commit_end;
 
 	/*
-	 * What can make events claimable, counted: commits of obx's functions
-	 * and ended or released leases.  claimed_changes is the count a claim
+	 * What can make events claimable, counted: commits of obx's functions,
+	 * leases released or expired, a stopping worker's records (a running
+	 * worker claims next after its own).  claimed_changes is the count a claim
 	 * read before its snapshot, published when that claim took everything
 	 * it could (see obx_claim_pointless).
 	 */
@@ -212,7 +213,7 @@ extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argty
 
 /* outbox.c: each call is one short transaction of its own */
 extern int obx_extension_state(const char *needed_relation);
-extern bool obx_outbox_claim(ObxBatch *batch, int worker);
+extern bool obx_outbox_claim(ObxBatch *batch, int worker, bool force);
 extern int obx_outbox_record(ObxBatch *batch);
 extern int obx_outbox_renew(ObxBatch *batch);
 extern int64 obx_outbox_release_orphans(int worker);

@@ -375,7 +375,7 @@ copy_headers(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
  * WAL flushed past the claimed events' commits, before this returns.
  */
 bool
-obx_outbox_claim(ObxBatch *batch, int worker)
+obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 {
 	MemoryContext caller = obx_step_begin("obx: claiming events");
 	Datum lock_args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
@@ -440,6 +440,15 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 	rc = SPI_execute_plan(claim_lock_plan, lock_args, NULL, false, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx claim lock failed: %s", SPI_result_code_string(rc));
+
+	/* The claim this one waited for may have taken everything. */
+	if (!force && obx_claim_pointless())
+	{
+		obx_step_end(caller);
+		batch->nevents = 0;
+		batch->full = false;
+		return false;
+	}
 
 	/* A statement of its own: the claim's snapshot must see its effect. */
 	if (GetCurrentTimestamp() >= next_expire)
@@ -548,11 +557,16 @@ obx_outbox_claim(ObxBatch *batch, int worker)
 			elog(ERROR, "obx could not lease a batch: %s", SPI_result_code_string(rc));
 	}
 
+	/*
+	 * Published before the commit releases the claim lock, so that a claim
+	 * waiting for it sees it.  Should the commit fail, the worker exits and
+	 * its successor's first claim does not skip.
+	 */
+	if (!batch->full)
+		obx_claimed_changes(changes);
 	obx_step_end(caller);
 	if (expired)
 		obx_note_change(); /* their keys are free for the other workers too */
-	if (!batch->full)
-		obx_claimed_changes(changes);
 	if (batch->nevents == 0)
 		return false;
 	if (SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0')
@@ -754,7 +768,6 @@ obx_outbox_record(ObxBatch *batch)
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "obx could not end a lease: %s", SPI_result_code_string(rc));
 	obx_step_end(caller);
-	obx_note_change(); /* the lease's keys are free, its unsent events too */
 	return published;
 }
 

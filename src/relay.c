@@ -187,7 +187,8 @@ static int nflights = 0;
 /*
  * When this worker claims next even if no change was heard of since the
  * latest claim (obx_claim_pointless): after obx.poll_interval, and at once
- * after a claim that stopped at the batch's limits.
+ * after a claim that stopped at the batch's limits or after recording a
+ * batch.
  */
 static TimestampTz next_poll = 0;
 static bool claim_again = false;
@@ -203,10 +204,12 @@ launch_flight(void)
 	Flight *f = NULL;
 	MemoryContext old;
 	int i;
+	bool force = claim_again || GetCurrentTimestamp() >= next_poll;
 
-	if (!claim_again && GetCurrentTimestamp() < next_poll && obx_claim_pointless())
+	if (!force && obx_claim_pointless())
 		return false;
-	next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), obx_poll_interval_ms);
+	if (force)
+		next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), obx_poll_interval_ms);
 	claim_again = false;
 
 	for (i = 0; i < OBX_PIPELINE && f == NULL; i++)
@@ -218,7 +221,7 @@ launch_flight(void)
 								   ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(f->cxt);
 	f->claimed_since = GetCurrentTimestamp();
-	if (!obx_outbox_claim(&f->batch, my_worker))
+	if (!obx_outbox_claim(&f->batch, my_worker, force))
 	{
 		MemoryContextSwitchTo(old);
 		MemoryContextDelete(f->cxt);
@@ -266,6 +269,17 @@ land_flight(Flight *f)
 
 	recorded_since = GetCurrentTimestamp();
 	delivered = obx_outbox_record(batch);
+
+	/*
+	 * The lease's keys, and its events not sent, are free again: this
+	 * worker claims next whatever the count of changes says.  Counting the
+	 * record as a change instead sent the other workers to claim too, and
+	 * they mostly found nothing.  A worker that is stopping tells them.
+	 */
+	if (ShutdownRequestPending)
+		obx_note_change();
+	else
+		claim_again = true;
 	backoff_until = Max(backoff_until, batch->retry_at);
 	obx_status_batch_done(my_worker, delivered, failed, last_error);
 	elog(DEBUG1, "obx relay %d: batch of %d events, %d published, %d failed; claim %.1f ms, Kafka %.1f ms, record %.1f ms",

@@ -1,6 +1,8 @@
 # A worker skips a claim only when nothing changed since the latest claim
 # that took everything it could (src/obx.c, obx_claim_pointless).  Ending a
-# lease is such a change: the events its keys held back become claimable.
+# lease frees the events its keys held back, so a worker that records a
+# batch claims next whatever the count of changes says (src/relay.c,
+# land_flight).
 #
 # The workers poll once an hour (obx.poll_interval), so only commits and
 # changes get events claimed, and every broker answers 1 s late (the
@@ -8,7 +10,7 @@
 # of the same key commits then: the claim B's commit wakes finds B held
 # back by A's lease and takes nothing, and nothing commits after B.  When
 # A's batch is recorded, B must be claimed and published, after A at the
-# broker.  A relay that did not count the record as a change would leave B
+# broker.  A relay that did not claim after the record would leave B
 # waiting for the hourly poll, and this test would time out.
 use strict;
 use warnings;
