@@ -75,13 +75,13 @@
 /* Failed events of one batch logged one by one; the rest are counted. */
 #define OBX_LOGGED_FAILURES 10
 
-static SPIPlanPtr claim_lock_plan = NULL;
-static SPIPlanPtr lease_id_plan = NULL;
+static SPIPlanPtr claim_start_plan = NULL;
 static SPIPlanPtr expire_plan = NULL;
 static TimestampTz next_expire = 0; /* this worker's next deletion of expired leases */
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr lease_plan = NULL;
 static SPIPlanPtr delivered_plan = NULL;
+static SPIPlanPtr delivered_end_plan = NULL;
 static SPIPlanPtr failed_plan = NULL;
 static SPIPlanPtr held_plan = NULL;
 static SPIPlanPtr end_lease_plan = NULL;
@@ -128,6 +128,19 @@ static const char *lease_sql =
  * then simply not sent again).
  */
 static const char *delivered_sql =
+	"UPDATE obx.outbox_events e"
+	"   SET published_at = d.t, kafka_partition = d.p, kafka_offset = d.o,"
+	"       attempts = e.attempts + 1, quarantined_at = NULL"
+	"  FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::timestamptz[])"
+	"       AS d(id, p, o, t)"
+	" WHERE e.id = d.id AND e.published_at IS NULL";
+
+/*
+ * The same, ending the batch's lease in the same statement: a batch with
+ * no failed event is recorded by one statement.
+ */
+static const char *delivered_end_sql =
+	"WITH ended AS (DELETE FROM obx.leases l WHERE l.lease_id = $5)"
 	"UPDATE obx.outbox_events e"
 	"   SET published_at = d.t, kafka_partition = d.p, kafka_offset = d.o,"
 	"       attempts = e.attempts + 1, quarantined_at = NULL"
@@ -246,10 +259,11 @@ prepare_plans(void)
 	{
 		Oid types[2] = {INT4OID, INT4OID};
 
-		claim_lock_plan = obx_prepare_kept("SELECT pg_catalog.pg_advisory_xact_lock($1, $2)",
-										   2, types);
+		/* The lease id is drawn first, then the claim lock is taken. */
+		claim_start_plan = obx_prepare_kept("SELECT pg_catalog.nextval('obx.lease_seq'),"
+											" pg_catalog.pg_advisory_xact_lock($1, $2)",
+											2, types);
 	}
-	lease_id_plan = obx_prepare_kept("SELECT pg_catalog.nextval('obx.lease_seq')", 0, NULL);
 	expire_plan = obx_prepare_kept(expire_sql, 0, NULL);
 	{
 		Oid types[2] = {BOOLOID, INT4OID};
@@ -273,6 +287,12 @@ prepare_plans(void)
 						TIMESTAMPTZARRAYOID};
 
 		delivered_plan = obx_prepare_kept(delivered_sql, 4, types);
+	}
+	{
+		Oid types[5] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
+						TIMESTAMPTZARRAYOID, INT8OID};
+
+		delivered_end_plan = obx_prepare_kept(delivered_end_sql, 5, types);
 	}
 	{
 		Oid types[6] = {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID,
@@ -431,15 +451,12 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
 
-	rc = SPI_execute_plan(lease_id_plan, NULL, NULL, false, 1);
+	rc = SPI_execute_plan(claim_start_plan, lock_args, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "obx could not draw a lease id: %s", SPI_result_code_string(rc));
+		elog(ERROR, "obx could not draw a lease id and take the claim lock: %s",
+			 SPI_result_code_string(rc));
 	lease_id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 										   SPI_tuptable->tupdesc, 1, &isnull));
-
-	rc = SPI_execute_plan(claim_lock_plan, lock_args, NULL, false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "obx claim lock failed: %s", SPI_result_code_string(rc));
 
 	/* The claim this one waited for may have taken everything. */
 	if (!force && obx_claim_pointless())
@@ -591,13 +608,17 @@ uuid_array(ObxEvent **events, int n)
 										   TYPALIGN_CHAR));
 }
 
+/*
+ * Mark delivered events published; with end_lease, also end the batch's
+ * lease (lease_id) in the same statement.
+ */
 static int
-record_delivered(ObxEvent **events, int n)
+record_delivered(ObxEvent **events, int n, bool end_lease, int64 lease_id)
 {
 	Datum *parts = palloc(sizeof(Datum) * n);
 	Datum *offsets = palloc(sizeof(Datum) * n);
 	Datum *acked = palloc(sizeof(Datum) * n);
-	Datum args[4];
+	Datum args[5];
 	int i;
 	int rc;
 
@@ -616,7 +637,9 @@ record_delivered(ObxEvent **events, int n)
 											  TYPALIGN_DOUBLE));
 	args[3] = PointerGetDatum(construct_array(acked, n, TIMESTAMPTZOID, 8,
 											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	rc = SPI_execute_plan(delivered_plan, args, NULL, false, 0);
+	args[4] = Int64GetDatum(lease_id);
+	rc = SPI_execute_plan(end_lease ? delivered_end_plan : delivered_plan, args, NULL,
+						  false, 0);
 	if (rc != SPI_OK_UPDATE)
 		elog(ERROR, "obx could not mark events published: %s",
 			 SPI_result_code_string(rc));
@@ -749,8 +772,16 @@ obx_outbox_record(ObxBatch *batch)
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
 	prepare_plans();
 	lease_arg[0] = Int64GetDatum(batch->lease_id);
+
+	/* The usual batch, every event delivered: one statement. */
+	if (nfailed == 0 && ndelivered > 0)
+	{
+		published = record_delivered(delivered, ndelivered, true, batch->lease_id);
+		obx_step_end(caller);
+		return published;
+	}
 	if (ndelivered > 0)
-		published = record_delivered(delivered, ndelivered);
+		published = record_delivered(delivered, ndelivered, false, 0);
 	if (nfailed > 0)
 	{
 		rc = SPI_execute_plan(held_plan, lease_arg, NULL, false, 0);
