@@ -52,7 +52,9 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "pgstat.h"
+#include "postmaster/interrupt.h"
 #include "replication/syncrep.h"
+#include "storage/latch.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -385,6 +387,88 @@ copy_headers(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
 	}
 }
 
+/* Set when a wait for the synchronous standby was interrupted. */
+static volatile sig_atomic_t sync_wait_interrupted = false;
+
+/*
+ * SIGINT (pg_cancel_backend) and SIGTERM (shutdown) while a worker waits
+ * for the synchronous standby.  SyncRepWaitForLSN ends its wait on a
+ * cancel, but not on the relay's own shutdown flag, so a shutdown cancels
+ * the wait too.
+ */
+static void
+interrupt_sync_wait(SIGNAL_ARGS)
+{
+	int save_errno = errno;
+
+	if (postgres_signal_arg == SIGTERM)
+		ShutdownRequestPending = true;
+	sync_wait_interrupted = true;
+	QueryCancelPending = true;
+	InterruptPending = true;
+	SetLatch(MyLatch);
+	errno = save_errno;
+}
+
+/*
+ * wait_for_sync_standby
+ *		Wait, holding no transaction, until the synchronous standby has
+ *		flushed the WAL up to upto; returns whether it did.
+ *
+ * A shutdown request or a cancel (pg_cancel_backend) ends the wait, and
+ * then the standby's flush is not known: false, and the caller publishes
+ * nothing of the claim.  A change of synchronous_standby_names that leaves
+ * no synchronous standby also ends it: true.
+ */
+static bool
+wait_for_sync_standby(XLogRecPtr upto)
+{
+	pqsigfunc old_int;
+	pqsigfunc old_term;
+
+	sync_wait_interrupted = false;
+	old_int = pqsignal(SIGINT, interrupt_sync_wait);
+	old_term = pqsignal(SIGTERM, interrupt_sync_wait);
+	/* A shutdown or cancel that came before the handlers counts too. */
+	if (ShutdownRequestPending || QueryCancelPending)
+		sync_wait_interrupted = true;
+	else
+		SyncRepWaitForLSN(upto, true);
+	pqsignal(SIGINT, old_int);
+	pqsignal(SIGTERM, old_term);
+	/* The cancel was ours; SyncRepWaitForLSN consumed it, or it came too late. */
+	if (sync_wait_interrupted)
+		QueryCancelPending = false;
+	CHECK_FOR_INTERRUPTS();
+	return !sync_wait_interrupted;
+}
+
+/*
+ * release_claim
+ *		End the lease of a claimed batch without publishing any of it.
+ */
+static void
+release_claim(ObxBatch *batch)
+{
+	MemoryContext caller = obx_step_begin("obx: releasing a claim");
+	Datum lease_arg[1] = {Int64GetDatum(batch->lease_id)};
+	int rc;
+
+	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
+							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
+	rc = SPI_execute_plan(end_lease_plan, lease_arg, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "obx could not end a lease: %s", SPI_result_code_string(rc));
+	obx_step_end(caller);
+	ereport(LOG,
+			(errmsg_plural("obx relay stopped waiting for the synchronous standby and released %d claimed event unpublished",
+						   "obx relay stopped waiting for the synchronous standby and released %d claimed events unpublished",
+						   batch->nevents, batch->nevents),
+			 errdetail("Events are published only once the synchronous standby has them; they are claimed again.")));
+	batch->nevents = 0;
+	obx_note_change();
+}
+
 /*
  * obx_outbox_claim
  *		Lease up to obx.batch_size publishable events to this worker, fewer
@@ -589,7 +673,11 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	if (SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0')
 	{
 		XLogFlush(visible_upto);
-		SyncRepWaitForLSN(visible_upto, true);
+		if (!wait_for_sync_standby(visible_upto))
+		{
+			release_claim(batch);
+			return false;
+		}
 	}
 	else if (flush_upto > GetFlushRecPtr(NULL))
 		XLogFlush(flush_upto);
