@@ -19,6 +19,11 @@
 #     plain runs have the relay idle.  The backlog the relay had left when
 #     each obx run ended, and how long it then took to publish it, are
 #     shown (the next run starts after that; ENQUEUE_SETTLE_TIMEOUT, 60 s).
+#     Two more plain runs follow, each while bench/produce_baseline (paced
+#     mode, no database) produces the same messages to the same broker at
+#     the rate the obx runs committed events: what shipping that many
+#     events a second costs the application when it is done by librdkafka
+#     alone.  What obx costs beyond that row is its relay's database work.
 
 bench_enqueue()
 {
@@ -31,7 +36,7 @@ bench_enqueue()
 	echo
 	echo "== 2. enqueue cost: pgbench, $clients clients, ${secs}s per run, one event per transaction (load average $(machine_load))"
 
-	local rows="" config relay pgoptions
+	local rows="" config relay pgoptions kafka_row=""
 	for config in paused paused_async running; do
 		relay=${config%_async}
 		pgoptions=""
@@ -76,6 +81,10 @@ bench_enqueue()
 		obx_ms=$(calc "$obx_sum / 2" 3)
 		plain_ms=$(calc "$plain_sum / 2" 3)
 		ratio=$(calc "$obx_ms / $plain_ms")
+		if [ $config = running ]; then
+			kafka_row=$(plain_with_producer "$secs" "$clients" "$threads" \
+				"$(calc "$obx_tps_sum / 2" 0)" "$obx_ms" "$plain_ms") || return 1
+		fi
 		case $config in
 		paused) label="relay paused" ;;
 		paused_async)
@@ -96,9 +105,44 @@ $label | $obx_ms | $(calc "$obx_tps_sum / 2" 0) | $plain_ms | $(calc "$plain_tps
 		echo "setting | obx.enqueue ms/txn | obx txn/s | plain INSERT ms/txn | plain txn/s | obx / plain (ms/txn) | note"
 		echo "${rows#?}"
 	} | table
+	echo "$kafka_row"
 	local c
 	for c in paused paused_async running; do
 		eval "ratio=\$ratio_$c"
 		echo "target: obx ≤ 1.15x the plain INSERT's time per transaction, ${c/_async/ with synchronous_commit = off}: ${ratio}x — $(verdict "$(awk "BEGIN { print ($ratio <= 1.15) }")")"
 	done
+}
+
+# plain_with_producer SECS CLIENTS THREADS RATE OBX_MS PLAIN_MS: two plain
+# INSERT runs, each while bench/produce_baseline produces RATE messages a
+# second to the broker; prints a line with their mean ms/txn next to the
+# running obx and plain figures.
+plain_with_producer()
+{
+	local secs=$1 clients=$2 threads=$3 rate=$4 obx_ms=$5 plain_ms=$6
+	local i sum=0 out lat prod
+	ensure_messages
+	for i in 1 2; do
+		reset_outbox
+		"$here/produce_baseline" -b "$brokers" -t "bench.enqueue.librdkafka" -f "$work/messages.tsv" \
+			-r "$rate" -d "$((secs + 1))" >"$work/enqueue_producer_$i.log" 2>&1 &
+		prod=$!
+		bench_jobs="$bench_jobs $prod"
+		out=$(run_pgbench -c "$clients" -j "$threads" -T "$secs" -M prepared \
+			-f "$here/pgbench/enqueue_plain.sql" 2>&1) || {
+			echo "$out" >&2
+			return 1
+		}
+		wait "$prod" || {
+			echo "bench: the librdkafka producer beside the plain INSERTs failed:" >&2
+			cat "$work/enqueue_producer_$i.log" >&2
+			return 1
+		}
+		lat=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' <<<"$out")
+		sum=$(calc "$sum + $lat" 4)
+	done
+	local ms
+	ms=$(calc "$sum / 2" 3)
+	echo "plain INSERT while librdkafka alone produces the same $rate events/s (no relay): $ms ms/txn," \
+		"$(calc "$ms / $plain_ms") x plain INSERT alone; obx running is $(calc "$obx_ms / $ms") x this"
 }
