@@ -129,26 +129,22 @@ static const char *lease_sql =
  * whoever reports it (a stale worker's late report included; the event is
  * then simply not sent again).
  */
-static const char *delivered_sql =
-	"UPDATE obx.outbox_events e"
-	"   SET published_at = d.t, kafka_partition = d.p, kafka_offset = d.o,"
-	"       attempts = e.attempts + 1, quarantined_at = NULL"
-	"  FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::timestamptz[])"
-	"       AS d(id, p, o, t)"
-	" WHERE e.id = d.id AND e.published_at IS NULL";
+#define DELIVERED_UPDATE                                                    \
+	"UPDATE obx.outbox_events e"                                            \
+	"   SET published_at = d.t, kafka_partition = d.p, kafka_offset = d.o," \
+	"       attempts = e.attempts + 1, quarantined_at = NULL"               \
+	"  FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::timestamptz[])"  \
+	"       AS d(id, p, o, t)"                                              \
+	" WHERE e.id = d.id AND e.published_at IS NULL"
+
+static const char *delivered_sql = DELIVERED_UPDATE;
 
 /*
  * The same, ending the batch's lease in the same statement: a batch with
  * no failed event is recorded by one statement.
  */
 static const char *delivered_end_sql =
-	"WITH ended AS (DELETE FROM obx.leases l WHERE l.lease_id = $5)"
-	"UPDATE obx.outbox_events e"
-	"   SET published_at = d.t, kafka_partition = d.p, kafka_offset = d.o,"
-	"       attempts = e.attempts + 1, quarantined_at = NULL"
-	"  FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::timestamptz[])"
-	"       AS d(id, p, o, t)"
-	" WHERE e.id = d.id AND e.published_at IS NULL";
+	"WITH ended AS (DELETE FROM obx.leases l WHERE l.lease_id = $5) " DELIVERED_UPDATE;
 
 /* Whether the batch's lease still exists; locks it until the record commits. */
 static const char *held_sql =
