@@ -33,25 +33,13 @@ my $workers = 2;
 
 my $mock = start_mock();
 
-# The primary: obx preloaded as ObxTest::obx_node does, plus streaming.  A
+# The primary: obx preloaded, set up for streaming (ObxTest::obx_primary).  A
 # short lease; the promoted node's workers also release the dead primary's
 # leases when they start (they carry the same worker numbers).
-my $primary = PostgreSQL::Test::Cluster->new('primary');
-$primary->init(allows_streaming => 1);
-my %settings = (
-	'shared_preload_libraries' => "'obx'",
-	'obx.brokers' => "'$mock->{bootstrap}'",
-	'obx.database' => "'postgres'",
+my $primary = obx_primary('primary', $mock,
 	'obx.workers' => $workers,
 	'obx.lease_timeout' => "'3s'",
-	'obx.poll_interval' => "'200ms'",
-	'obx.backoff_min' => "'50ms'",
-	'obx.backoff_max' => "'1s'",
 	'log_min_messages' => 'log');
-$primary->append_conf('postgresql.conf',
-	join('', map { "$_ = $settings{$_}\n" } sort keys %settings));
-$primary->start;
-$primary->safe_psql('postgres', 'CREATE EXTENSION obx');
 grant_monitoring($primary, 'obx_exporter');
 relay_ready($primary, $workers);
 

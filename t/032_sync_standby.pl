@@ -28,19 +28,7 @@ my $workers = 2;
 
 my $mock = start_mock();
 
-my $primary = PostgreSQL::Test::Cluster->new('primary');
-$primary->init(allows_streaming => 1);
-my %settings = (
-	'shared_preload_libraries' => "'obx'",
-	'obx.brokers' => "'$mock->{bootstrap}'",
-	'obx.database' => "'postgres'",
-	'obx.workers' => $workers,
-	'obx.poll_interval' => "'200ms'",
-	'log_min_messages' => 'warning');
-$primary->append_conf('postgresql.conf',
-	join('', map { "$_ = $settings{$_}\n" } sort keys %settings));
-$primary->start;
-$primary->safe_psql('postgres', 'CREATE EXTENSION obx');
+my $primary = obx_primary('primary', $mock, 'obx.workers' => $workers);
 relay_ready($primary, $workers);
 
 $primary->backup('b');

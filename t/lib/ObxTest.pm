@@ -18,7 +18,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep time);
 
-our @EXPORT = qw(start_mock mock_cmd obx_node relay_ready read_topic wait_for_broker
+our @EXPORT = qw(start_mock mock_cmd obx_node obx_primary relay_ready read_topic wait_for_broker
   wait_until all_published event_ids_at_broker first_occurrences
   committed_ids relay_pids broker_holds_exactly);
 
@@ -77,8 +77,22 @@ sub mock_cmd
 sub obx_node
 {
 	my ($name, $mock, %conf) = @_;
+	return new_obx_node($name, $mock, {}, %conf);
+}
+
+# obx_primary($name, $mock, %conf): the same, set up for streaming
+# replication (a standby can be made from its backup).
+sub obx_primary
+{
+	my ($name, $mock, %conf) = @_;
+	return new_obx_node($name, $mock, { allows_streaming => 1 }, %conf);
+}
+
+sub new_obx_node
+{
+	my ($name, $mock, $init, %conf) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init;
+	$node->init(%$init);
 	my %settings = (
 		'shared_preload_libraries' => "'obx'",
 		'obx.brokers' => "'$mock->{bootstrap}'",
