@@ -89,7 +89,7 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		ev->outcome = OBX_OUTCOME_DELIVERED;
 		ev->partition = msg->partition;
 		ev->offset = msg->offset;
-		ev->acked_at = GetCurrentTimestamp();
+		ev->acked_at = ev->ack_received_at != 0 ? ev->ack_received_at : GetCurrentTimestamp();
 		producer->delivered_at = ev->acked_at;
 	}
 	else
@@ -98,6 +98,33 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		ev->err = msg->err;
 		ev->error_class = obx_kafka_classify(msg->err);
 	}
+}
+
+/*
+ * The moment an acknowledgement arrives, on the librdkafka broker thread
+ * that received it (an interceptor): the delivery report reaches the
+ * worker only once it next serves its queue, which can be milliseconds
+ * later when it is busy claiming or recording.  Only the event's own
+ * ack_received_at is written, before librdkafka queues the report, and
+ * the worker reads it after taking the report off that queue (under the
+ * queue's lock).  No PostgreSQL function is called here except the clock,
+ * which is plain gettimeofday().
+ */
+static rd_kafka_resp_err_t
+ack_interceptor(rd_kafka_t *rk, rd_kafka_message_t *msg, void *opaque)
+{
+	ObxEvent *ev = (ObxEvent *) msg->_private;
+
+	if (ev != NULL && msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		ev->ack_received_at = GetCurrentTimestamp();
+	return RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+static rd_kafka_resp_err_t
+add_ack_interceptor(rd_kafka_t *rk, const rd_kafka_conf_t *conf, void *opaque,
+					char *errstr, size_t errstr_size)
+{
+	return rd_kafka_interceptor_add_on_acknowledgement(rk, "obx", ack_interceptor, NULL);
 }
 
 /*
@@ -327,6 +354,14 @@ obx_kafka_create(char *errbuf, size_t errlen)
 	rd_kafka_conf_set_opaque(conf, producer);
 	rd_kafka_conf_set_dr_msg_cb(conf, dr_callback);
 	rd_kafka_conf_set_error_cb(conf, error_callback);
+	if (rd_kafka_conf_interceptor_add_on_new(conf, "obx", add_ack_interceptor, NULL) !=
+		RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		snprintf(errbuf, errlen, "could not add the acknowledgement interceptor");
+		rd_kafka_conf_destroy(conf);
+		pfree(producer);
+		return NULL;
+	}
 
 	producer->rk = obx_kafka_new(RD_KAFKA_PRODUCER, conf, errbuf, errlen);
 	if (producer->rk == NULL)

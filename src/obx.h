@@ -177,7 +177,13 @@ typedef struct ObxEvent
 	ObxErrorClass error_class;
 	int32 partition;
 	int64 offset;
-	TimestampTz acked_at; /* when the worker served its delivery report */
+	/*
+	 * When librdkafka received Kafka's acknowledgement: set on its broker
+	 * thread (ack_received_at, 0 until then), else when the worker served
+	 * the delivery report.
+	 */
+	TimestampTz ack_received_at;
+	TimestampTz acked_at;
 } ObxEvent;
 
 typedef struct ObxBatch

@@ -1,8 +1,8 @@
 # published_at is when Kafka acknowledged each event, not when the relay
 # got round to recording its batch.
 #
-# docs/sql.md: published_at is the moment the relay received the event's
-# delivery report.  A batch spans partitions led by different brokers, and
+# docs/sql.md: published_at is the moment the relay's producer received
+# the event's acknowledgement.  A batch spans partitions led by different brokers, and
 # the relay records it once every report is in; so if published_at were
 # the time of that record, all events of a batch would share it.  Here
 # broker 1 leads partitions 0 and 1 and broker 2 partitions 2 and 3 (the
