@@ -89,7 +89,8 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		ev->outcome = OBX_OUTCOME_DELIVERED;
 		ev->partition = msg->partition;
 		ev->offset = msg->offset;
-		ev->acked_at = ev->ack_received_at != 0 ? ev->ack_received_at : GetCurrentTimestamp();
+		if (ev->acked_at == 0)
+			ev->acked_at = GetCurrentTimestamp();
 		producer->delivered_at = ev->acked_at;
 	}
 	else
@@ -105,7 +106,7 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
  * that received it (an interceptor): the delivery report reaches the
  * worker only once it next serves its queue, which can be milliseconds
  * later when it is busy claiming or recording.  Only the event's own
- * ack_received_at is written, before librdkafka queues the report, and
+ * acked_at is written, before librdkafka queues the report, and
  * the worker reads it after taking the report off that queue (under the
  * queue's lock).  No PostgreSQL function is called here except the clock,
  * which is plain gettimeofday().
@@ -116,7 +117,7 @@ ack_interceptor(rd_kafka_t *rk, rd_kafka_message_t *msg, void *opaque)
 	ObxEvent *ev = (ObxEvent *) msg->_private;
 
 	if (ev != NULL && msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
-		ev->ack_received_at = GetCurrentTimestamp();
+		ev->acked_at = GetCurrentTimestamp();
 	return RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 

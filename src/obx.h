@@ -178,11 +178,9 @@ typedef struct ObxEvent
 	int32 partition;
 	int64 offset;
 	/*
-	 * When librdkafka received Kafka's acknowledgement: set on its broker
-	 * thread (ack_received_at, 0 until then), else when the worker served
-	 * the delivery report.
+	 * When librdkafka received Kafka's acknowledgement, set on its broker
+	 * thread (0 until then; if still 0, when the worker served the report).
 	 */
-	TimestampTz ack_received_at;
 	TimestampTz acked_at;
 } ObxEvent;
 
