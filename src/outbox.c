@@ -439,6 +439,18 @@ wait_for_sync_standby(XLogRecPtr upto)
 	return !sync_wait_interrupted;
 }
 
+/* End a batch's lease, inside the caller's step. */
+static void
+end_lease(int64 lease_id)
+{
+	Datum lease_arg[1] = {Int64GetDatum(lease_id)};
+	int rc;
+
+	rc = SPI_execute_plan(end_lease_plan, lease_arg, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "obx could not end a lease: %s", SPI_result_code_string(rc));
+}
+
 /*
  * release_claim
  *		End the lease of a claimed batch without publishing any of it.
@@ -447,14 +459,10 @@ static void
 release_claim(ObxBatch *batch)
 {
 	MemoryContext caller = obx_step_begin("obx: releasing a claim");
-	Datum lease_arg[1] = {Int64GetDatum(batch->lease_id)};
-	int rc;
 
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
-	rc = SPI_execute_plan(end_lease_plan, lease_arg, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "obx could not end a lease: %s", SPI_result_code_string(rc));
+	end_lease(batch->lease_id);
 	obx_step_end(caller);
 	ereport(LOG,
 			(errmsg_plural("obx relay stopped waiting for the synchronous standby and released %d claimed event unpublished",
@@ -879,9 +887,7 @@ obx_outbox_record(ObxBatch *batch)
 							nfailed),
 					 errdetail("Another worker has taken them over.")));
 	}
-	rc = SPI_execute_plan(end_lease_plan, lease_arg, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "obx could not end a lease: %s", SPI_result_code_string(rc));
+	end_lease(batch->lease_id);
 	obx_step_end(caller);
 	return published;
 }
