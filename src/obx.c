@@ -35,6 +35,7 @@ int obx_workers = 2;
 int obx_lease_timeout_s = 60;
 int obx_batch_size = 1000;
 int obx_poll_interval_ms = 1000;
+int obx_claim_gap_ms = 10;
 int obx_max_attempts = 10;
 int obx_backoff_min_ms = 100;
 int obx_backoff_max_ms = 60000;
@@ -173,6 +174,15 @@ define_gucs(void)
 							"is the fallback.",
 							&obx_poll_interval_ms,
 							1000, 10, 3600000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.claim_gap",
+							"Least time between two claims of one worker, unless "
+							"the first one took a full batch.",
+							"Commits that come sooner wait and are claimed together.",
+							&obx_claim_gap_ms,
+							10, 0, 1000,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 

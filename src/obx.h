@@ -51,6 +51,7 @@ extern int obx_workers;
 extern int obx_lease_timeout_s;
 extern int obx_batch_size;
 extern int obx_poll_interval_ms;
+extern int obx_claim_gap_ms;
 extern int obx_max_attempts;
 extern int obx_backoff_min_ms;
 extern int obx_backoff_max_ms;

@@ -134,10 +134,42 @@ drop_producer(void)
  * Sleep until the latch is set, the producer has something to serve, or
  * timeout_ms passes.  Serves the producer and the signals on the way out.
  */
+/*
+ * Until when this worker does not claim (obx.claim_gap after its latest
+ * claim that took less than a full batch), or 0.
+ */
+static TimestampTz quiet_until = 0;
+
+/* Milliseconds (rounded up) until quiet_until, or 0 once it has passed. */
+static long
+quiet_ms(void)
+{
+	TimestampTz now;
+
+	if (quiet_until == 0)
+		return 0;
+	now = GetCurrentTimestamp();
+	if (now >= quiet_until)
+	{
+		quiet_until = 0;
+		return 0;
+	}
+	return (long) ((quiet_until - now + 999) / 1000);
+}
+
+/*
+ * Wait at most timeout_ms for the latch, a delivery report or postmaster
+ * death.  While the worker is quiet (see launch_flight), the latch is not
+ * waited for, and the wait ends when the quiet does: a commit's wake-up
+ * then costs the committing backend a flag and this worker nothing, and
+ * its events are claimed when the quiet ends.  Shutdown and reload
+ * requests are seen then too, at most obx.claim_gap later.
+ */
 static void
 wait_for_work(long timeout_ms)
 {
 	WaitEvent occurred;
+	long quiet = quiet_ms();
 
 	if (wait_set == NULL)
 	{
@@ -148,8 +180,18 @@ wait_for_work(long timeout_ms)
 			AddWaitEventToSet(wait_set, WL_SOCKET_READABLE,
 							  obx_kafka_event_fd(producer), NULL, NULL);
 	}
-	(void) WaitEventSetWait(wait_set, timeout_ms, &occurred, 1, PG_WAIT_EXTENSION);
-	ResetLatch(MyLatch);
+	if (quiet > 0)
+	{
+		ModifyWaitEvent(wait_set, 0, WL_LATCH_SET, NULL);
+		(void) WaitEventSetWait(wait_set, Min(timeout_ms, quiet), &occurred, 1,
+								PG_WAIT_EXTENSION);
+		ModifyWaitEvent(wait_set, 0, WL_LATCH_SET, MyLatch);
+	}
+	else
+	{
+		(void) WaitEventSetWait(wait_set, timeout_ms, &occurred, 1, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
 	CHECK_FOR_INTERRUPTS();
 	if (producer != NULL)
 		obx_kafka_serve(producer);
@@ -204,8 +246,11 @@ launch_flight(void)
 	Flight *f = NULL;
 	MemoryContext old;
 	int i;
-	bool force = claim_again || GetCurrentTimestamp() >= next_poll;
+	bool force;
 
+	if (quiet_ms() > 0)
+		return false;
+	force = claim_again || GetCurrentTimestamp() >= next_poll;
 	if (!force && obx_claim_pointless())
 		return false;
 	if (force)
@@ -221,6 +266,8 @@ launch_flight(void)
 								   ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(f->cxt);
 	f->claimed_since = GetCurrentTimestamp();
+	if (obx_claim_gap_ms > 0)
+		quiet_until = TimestampTzPlusMilliseconds(f->claimed_since, obx_claim_gap_ms);
 	if (!obx_outbox_claim(&f->batch, my_worker, force))
 	{
 		MemoryContextSwitchTo(old);
@@ -230,6 +277,8 @@ launch_flight(void)
 	f->used = true;
 	nflights++;
 	claim_again = f->batch.full;
+	if (f->batch.full)
+		quiet_until = 0;
 	obx_status_set_state(my_worker, OBX_STATE_PRODUCING);
 	f->produced_since = GetCurrentTimestamp();
 	obx_kafka_produce(producer, &f->batch);

@@ -1,0 +1,86 @@
+# Window: commits that arrive while a worker is quiet after a claim.
+#
+# With obx.claim_gap set, a worker whose claim took less than a full batch
+# does not claim again until the gap has passed, and commits in the
+# meantime do not wake it: their events wait and go out together in its
+# next claim.  One worker and a 1 s gap: 100 events committed one
+# transaction at a time right after a first one are claimed in at most two
+# batches (the first claim may already see some of them), where without
+# the gap the worker claims again and again while they come in.  None is lost or published
+# twice, and per key the broker has them in enqueue order (guarantees 2
+# and 4).  A full batch ends the gap: with obx.batch_size = 10 and 25
+# events waiting, the second batch is claimed right after the first, not
+# a gap later.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use ObxTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $topic = 'orders.claim_gap.v1';
+my $nburst = 100;
+
+my $mock = start_mock();
+my $node = obx_node('claim_gap', $mock,
+	'obx.workers' => 1,
+	'obx.claim_gap' => "'1s'");
+
+relay_ready($node, 1);
+
+sub batches
+{
+	return $node->safe_psql('postgres', 'SELECT batches FROM obx.workers');
+}
+
+# One commit per event, all in one session: the first wakes the worker,
+# the rest commit within its gap.
+sub enqueue_one_by_one
+{
+	my ($n, $first) = @_;
+	my $sql = join('', map {
+		"SELECT obx.enqueue('$topic', 'ord_' || ($_ % 3), '{\"n\": $_}');\n" }
+		  $first .. $first + $n - 1);
+	return [ split /\n/, $node->safe_psql('postgres', $sql) ];
+}
+
+my $before = batches();
+my $ids = enqueue_one_by_one($nburst + 1, 1);
+is(scalar @$ids, $nburst + 1, 'every enqueue committed');
+broker_holds_exactly($mock, $node, $topic, $ids);
+all_published($node) or die 'the events were not all marked published';
+my $used = batches() - $before;
+cmp_ok($used, '<=', 2,
+	"the first event and the $nburst committed after it went out in $used batches, not one per commit");
+
+# A backlog: the brokers are down while 25 events are enqueued, each with
+# a key of its own (a leased key holds its later events back), so the
+# worker holds its two batches of 10, one claimed right after the other,
+# and the rest waits.
+$node->append_conf('postgresql.conf', "obx.batch_size = 10\n");
+$node->restart;
+relay_ready($node, 1);
+# The new producer learns the topic first (a producer waits up to 0.5 s
+# for a topic's metadata the first time, longer than ever with the
+# brokers down).
+$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'warm', '{}')");
+all_published($node) or die 'the first event after the restart was not published';
+mock_cmd($mock, 'down all');
+$node->safe_psql('postgres', qq{
+	SELECT obx.enqueue('$topic', 'ord_' || i, jsonb_build_object('n', i))
+	  FROM generate_series(101, 125) i});
+$node->poll_query_until('postgres',
+	'SELECT count(*) = 2 AND sum(cardinality(ids)) = 20 FROM obx.leases')
+  or die 'the worker did not claim two full batches';
+my $apart = $node->safe_psql('postgres',
+	'SELECT extract(epoch FROM max(claimed_at) - min(claimed_at)) FROM obx.leases');
+cmp_ok($apart, '<', 1,
+	"the second full batch was claimed ${apart} s after the first, not after the 1 s gap");
+mock_cmd($mock, 'up all');
+all_published($node) or die 'the backlog was not published';
+broker_holds_exactly($mock, $node, $topic,
+	[ split /\n/, $node->safe_psql('postgres', 'SELECT id FROM obx.outbox_events') ]);
+
+done_testing();
