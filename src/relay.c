@@ -131,10 +131,6 @@ drop_producer(void)
 }
 
 /*
- * Sleep until the latch is set, the producer has something to serve, or
- * timeout_ms passes.  Serves the producer and the signals on the way out.
- */
-/*
  * Until when this worker does not claim (obx.claim_gap after its latest
  * claim that took less than a full batch), or 0.
  */
@@ -158,12 +154,14 @@ quiet_ms(void)
 }
 
 /*
- * Wait at most timeout_ms for the latch, a delivery report or postmaster
- * death.  While the worker is quiet (see launch_flight), the latch is not
- * waited for, and the wait ends when the quiet does: a commit's wake-up
- * then costs the committing backend a flag and this worker nothing, and
- * its events are claimed when the quiet ends.  Shutdown and reload
- * requests are seen then too, at most obx.claim_gap later.
+ * Sleep until the latch is set, the producer has something to serve, or
+ * timeout_ms passes.  Serves the producer and the signals on the way out.
+ *
+ * While the worker is quiet (see launch_flight) the latch is left out and
+ * the sleep ends with the quiet at the latest: a commit's wake-up then
+ * costs the committing backend a flag and this worker nothing, and its
+ * events are claimed when the quiet ends.  Shutdown and reload requests
+ * are seen then too, at most obx.claim_gap late.
  */
 static void
 wait_for_work(long timeout_ms)
@@ -238,7 +236,10 @@ static TimestampTz give_up_at = 0; /* shutting down: stop waiting then */
 
 /*
  * Claim a batch into a free flight and produce it.  Returns false when
- * there was nothing to claim.
+ * there was nothing to claim, or when the worker is quiet: within
+ * obx.claim_gap of its latest claim, unless that one took a full batch (a
+ * backlog).  A claim and its record cost two transactions whatever the
+ * batch's size, so the commits of the gap wait and go out together.
  */
 static bool
 launch_flight(void)
