@@ -6,9 +6,9 @@
 # next claim.  One worker and a 1 s gap: 100 events committed one
 # transaction at a time right after a first one are claimed in at most two
 # batches (the first claim may already see some of them), where without
-# the gap the worker claims again and again while they come in.  None is lost or published
-# twice, and per key the broker has them in enqueue order (guarantees 2
-# and 4).  A full batch ends the gap: with obx.batch_size = 10 and 25
+# the gap the worker claims again and again while they come in.  None is
+# lost or published twice, and per key the broker has them in enqueue
+# order (guarantees 2 and 4).  A full batch ends the gap: with obx.batch_size = 10 and 25
 # events waiting, the second batch is claimed right after the first, not
 # a gap later.
 use strict;
@@ -37,17 +37,9 @@ sub batches
 
 # One commit per event, all in one session: the first wakes the worker,
 # the rest commit within its gap.
-sub enqueue_one_by_one
-{
-	my ($n, $first) = @_;
-	my $sql = join('', map {
-		"SELECT obx.enqueue('$topic', 'ord_' || ($_ % 3), '{\"n\": $_}');\n" }
-		  $first .. $first + $n - 1);
-	return [ split /\n/, $node->safe_psql('postgres', $sql) ];
-}
-
 my $before = batches();
-my $ids = enqueue_one_by_one($nburst + 1, 1);
+my $ids = [ split /\n/, $node->safe_psql('postgres', join('', map {
+	"SELECT obx.enqueue('$topic', 'ord_' || ($_ % 3), '{\"n\": $_}');\n" } 1 .. $nburst + 1)) ];
 is(scalar @$ids, $nburst + 1, 'every enqueue committed');
 broker_holds_exactly($mock, $node, $topic, $ids);
 all_published($node) or die 'the events were not all marked published';
@@ -62,9 +54,9 @@ cmp_ok($used, '<=', 2,
 $node->append_conf('postgresql.conf', "obx.batch_size = 10\n");
 $node->restart;
 relay_ready($node, 1);
-# The new producer learns the topic first (a producer waits up to 0.5 s
-# for a topic's metadata the first time, longer than ever with the
-# brokers down).
+# The new producer learns the topic first: a producer waits up to 0.5 s
+# for a topic's metadata the first time, and with the brokers down that
+# wait would fall between the two claims.
 $node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'warm', '{}')");
 all_published($node) or die 'the first event after the restart was not published';
 mock_cmd($mock, 'down all');
