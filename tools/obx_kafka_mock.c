@@ -859,8 +859,17 @@ start_cluster(void)
 	 * The hosting handle never connects anywhere; it only provides the
 	 * mock cluster with its bookkeeping.  Keep it quiet about having no
 	 * bootstrap servers.
+	 *
+	 * The mock brokers' sockets take their options from this handle, and
+	 * librdkafka leaves Nagle's algorithm on by default.  A Kafka broker
+	 * turns it off (TCP_NODELAY on every accepted connection); with it on,
+	 * a response written while the client has not yet acknowledged the
+	 * previous one waits for that acknowledgement, which the client may
+	 * delay by up to 40 ms.
 	 */
 	if (rd_kafka_conf_set(conf, "log_level", "3",
+						  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+		rd_kafka_conf_set(conf, "socket.nagle.disable", "true",
 						  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
 	{
 		fprintf(stderr, PROGNAME ": %s\n", errstr);
