@@ -17,8 +17,8 @@
 # producer's CreateTime, i.e. when the relay handed the event to
 # librdkafka (read back with kcat, %T, millisecond resolution).  The
 # append happens after that and before the acknowledgement, and
-# published_at is when the relay worker served the event's delivery
-# report, after the acknowledgement came back.  So:
+# published_at is when librdkafka received the event's acknowledgement,
+# on its broker thread, after the broker appended it.  So:
 #     commit → CreateTime   <=   commit → broker append   <=   commit → published_at
 # Both bounds are printed; the target is judged on the upper one.
 #
