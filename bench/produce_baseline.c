@@ -382,7 +382,8 @@ main(int argc, char **argv)
 	set(conf, "acks", "all");
 	set(conf, "message.timeout.ms", "30000");
 	set(conf, "partitioner", "murmur2_random");
-	set(conf, "linger.ms", "5");
+	set(conf, "linger.ms", "1");
+	set(conf, "socket.nagle.disable", "true");
 	rd_kafka_conf_set_dr_msg_cb(conf, dr_callback);
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
 	if (rk == NULL)

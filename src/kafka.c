@@ -325,13 +325,22 @@ obx_kafka_create(char *errbuf, size_t errlen)
 	producer->pipefd[0] = producer->pipefd[1] = -1;
 
 	snprintf(timeout, sizeof(timeout), "%d", obx_delivery_timeout_ms);
+
+	/*
+	 * A claim hands librdkafka a whole batch at once (obx.claim_gap
+	 * gathers the commits of a busy moment), so a long linger.ms would
+	 * only add its own wait.  Nagle's algorithm off: with it on, a request
+	 * written while the broker has not yet acknowledged the previous one
+	 * on that connection waits for that acknowledgement.
+	 */
 	if (!obx_kafka_set(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
 		!obx_kafka_set(conf, "client.id", "obx", errbuf, errlen) ||
 		!obx_kafka_set(conf, "enable.idempotence", "true", errbuf, errlen) ||
 		!obx_kafka_set(conf, "acks", "all", errbuf, errlen) ||
 		!obx_kafka_set(conf, "message.timeout.ms", timeout, errbuf, errlen) ||
 		!obx_kafka_set(conf, "partitioner", "murmur2_random", errbuf, errlen) ||
-		!obx_kafka_set(conf, "linger.ms", "5", errbuf, errlen) ||
+		!obx_kafka_set(conf, "linger.ms", "1", errbuf, errlen) ||
+		!obx_kafka_set(conf, "socket.nagle.disable", "true", errbuf, errlen) ||
 		!obx_kafka_user_properties(conf, errbuf, errlen))
 	{
 		rd_kafka_conf_destroy(conf);
