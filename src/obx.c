@@ -180,7 +180,9 @@ define_gucs(void)
 	DefineCustomIntVariable("obx.claim_gap",
 							"Least time between two claims of one worker, unless "
 							"the first one took a full batch.",
-							"Commits that come sooner wait and are claimed together.",
+							"Commits that come sooner wait and are claimed together. "
+							"The workers take turns: claims of any two are at least "
+							"this divided by obx.workers apart.",
 							&obx_claim_gap_ms,
 							10, 0, 1000,
 							PGC_SIGHUP, GUC_UNIT_MS,
@@ -335,6 +337,7 @@ obx_shmem_startup(void)
 		pg_atomic_init_u64(&obx_shared->changes, 0);
 		/* Unequal, so that the first claim is not skipped. */
 		pg_atomic_init_u64(&obx_shared->claimed_changes, PG_UINT64_MAX);
+		pg_atomic_init_u64(&obx_shared->last_claim_at, 0);
 	}
 	LWLockRelease(AddinShmemInitLock);
 }

@@ -128,6 +128,13 @@ typedef struct ObxShared
 	 */
 	pg_atomic_uint64 changes;
 	pg_atomic_uint64 claimed_changes;
+
+	/*
+	 * When the latest claim of any relay worker started, or 0 if it took
+	 * a full batch: the workers' turns under obx.claim_gap (see
+	 * take_turn in relay.c).
+	 */
+	pg_atomic_uint64 last_claim_at;
 	ObxWorkerSlot workers[OBX_MAX_WORKERS];
 } ObxShared;
 

@@ -136,21 +136,86 @@ drop_producer(void)
  */
 static TimestampTz quiet_until = 0;
 
-/* Milliseconds (rounded up) until quiet_until, or 0 once it has passed. */
+/*
+ * The least time between two claims of any workers: obx.claim_gap shared
+ * out among them, so that their claims take turns at even intervals.
+ */
+static TimestampTz
+turn_us(void)
+{
+	return (TimestampTz) obx_claim_gap_ms * 1000 / Max(1, obx_shared->nworkers);
+}
+
+/*
+ * Milliseconds (rounded up) until this worker may claim: until its own gap
+ * has passed and a turn after any worker's latest claim; 0 once both have.
+ */
 static long
 quiet_ms(void)
 {
+	TimestampTz end = quiet_until;
+	TimestampTz latest;
 	TimestampTz now;
 
-	if (quiet_until == 0)
+	if (obx_claim_gap_ms <= 0)
+		return 0;
+	latest = (TimestampTz) pg_atomic_read_u64(&obx_shared->last_claim_at);
+	if (latest != 0)
+		end = Max(end, latest + turn_us());
+	if (end == 0)
 		return 0;
 	now = GetCurrentTimestamp();
-	if (now >= quiet_until)
+
+	/*
+	 * Never more than a gap from now: if the system clock went back, the
+	 * quiet ends now rather than when the clock is back where it was.
+	 */
+	if (now >= end || end - now > (TimestampTz) obx_claim_gap_ms * 1000)
 	{
 		quiet_until = 0;
 		return 0;
 	}
-	return (long) ((quiet_until - now + 999) / 1000);
+	return (long) ((end - now + 999) / 1000);
+}
+
+/*
+ * Take the claim that is due, at now: start this worker's gap and mark the
+ * turn taken.  Returns false if another worker took the turn since
+ * quiet_ms looked; this one then waits for the next.
+ *
+ * Why turns: left to themselves, workers fall into step (they claim
+ * together at start-up or at a poll, then each a gap later), and an event
+ * committed just after their claims waits a whole gap.  In turns, the
+ * claims per second are the same and an event waits about the gap
+ * divided by the number of workers at most.
+ */
+static bool
+take_turn(TimestampTz now)
+{
+	uint64 latest;
+
+	if (obx_claim_gap_ms <= 0)
+		return true;
+	latest = pg_atomic_read_u64(&obx_shared->last_claim_at);
+	if (latest != 0 && (TimestampTz) latest <= now && (TimestampTz) latest + turn_us() > now)
+		return false;
+	if (!pg_atomic_compare_exchange_u64(&obx_shared->last_claim_at, &latest, (uint64) now))
+		return false;
+	quiet_until = TimestampTzPlusMilliseconds(now, obx_claim_gap_ms);
+	return true;
+}
+
+/*
+ * A claim took a full batch (a backlog): this worker claims again at once,
+ * and so may the others.
+ */
+static void
+end_turns(TimestampTz claimed_since)
+{
+	uint64 mine = (uint64) claimed_since;
+
+	quiet_until = 0;
+	(void) pg_atomic_compare_exchange_u64(&obx_shared->last_claim_at, &mine, 0);
 }
 
 /*
@@ -237,9 +302,10 @@ static TimestampTz give_up_at = 0; /* shutting down: stop waiting then */
 /*
  * Claim a batch into a free flight and produce it.  Returns false when
  * there was nothing to claim, or when the worker is quiet: within
- * obx.claim_gap of its latest claim, unless that one took a full batch (a
- * backlog).  A claim and its record cost two transactions whatever the
- * batch's size, so the commits of the gap wait and go out together.
+ * obx.claim_gap of its latest claim, or within a turn of any worker's,
+ * unless that claim took a full batch (a backlog).  A claim and its record
+ * cost two transactions whatever the batch's size, so the commits of the
+ * gap wait and go out together.
  */
 static bool
 launch_flight(void)
@@ -248,14 +314,18 @@ launch_flight(void)
 	MemoryContext old;
 	int i;
 	bool force;
+	TimestampTz now;
 
 	if (quiet_ms() > 0)
 		return false;
-	force = claim_again || GetCurrentTimestamp() >= next_poll;
+	now = GetCurrentTimestamp();
+	force = claim_again || now >= next_poll;
 	if (!force && obx_claim_pointless())
 		return false;
+	if (!take_turn(now))
+		return false;
 	if (force)
-		next_poll = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), obx_poll_interval_ms);
+		next_poll = TimestampTzPlusMilliseconds(now, obx_poll_interval_ms);
 	claim_again = false;
 
 	for (i = 0; i < OBX_PIPELINE && f == NULL; i++)
@@ -266,9 +336,7 @@ launch_flight(void)
 	f->cxt = AllocSetContextCreate(TopMemoryContext, "obx relay batch",
 								   ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(f->cxt);
-	f->claimed_since = GetCurrentTimestamp();
-	if (obx_claim_gap_ms > 0)
-		quiet_until = TimestampTzPlusMilliseconds(f->claimed_since, obx_claim_gap_ms);
+	f->claimed_since = now;
 	if (!obx_outbox_claim(&f->batch, my_worker, force))
 	{
 		MemoryContextSwitchTo(old);
@@ -279,7 +347,7 @@ launch_flight(void)
 	nflights++;
 	claim_again = f->batch.full;
 	if (f->batch.full)
-		quiet_until = 0;
+		end_turns(f->claimed_since);
 	obx_status_set_state(my_worker, OBX_STATE_PRODUCING);
 	f->produced_since = GetCurrentTimestamp();
 	obx_kafka_produce(producer, &f->batch);

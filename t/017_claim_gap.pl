@@ -10,7 +10,9 @@
 # lost or published twice, and per key the broker has them in enqueue
 # order (guarantees 2 and 4).  A full batch ends the gap: with obx.batch_size = 10 and 25
 # events waiting, the second batch is claimed right after the first, not
-# a gap later.
+# a gap later.  Two workers take turns: an event committed just after one
+# worker's claim is claimed by the other half a gap later, not a whole
+# gap later.
 use strict;
 use warnings;
 
@@ -72,6 +74,29 @@ cmp_ok($apart, '<', 1,
 	"the second full batch was claimed ${apart} s after the first, not after the 1 s gap");
 mock_cmd($mock, 'up all');
 all_published($node) or die 'the backlog was not published';
+
+# Turns: two workers, brokers down so that their leases stay.  Left to
+# themselves, two workers fall into step (a claim each at start-up, then
+# a gap each) and an event committed after their claims waits a whole
+# gap.  In turns, the second event is claimed by the other worker half of
+# the 1 s gap after the first claim.
+$node->append_conf('postgresql.conf', "obx.workers = 2\nobx.batch_size = 2000\n");
+$node->restart;
+relay_ready($node, 2);
+mock_cmd($mock, 'down all');
+$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'turn_1', '{}')");
+$node->poll_query_until('postgres', 'SELECT count(*) = 1 FROM obx.leases')
+  or die 'the first event was not claimed';
+$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'turn_2', '{}')");
+$node->poll_query_until('postgres', 'SELECT count(*) = 2 FROM obx.leases')
+  or die 'the second event was not claimed';
+my ($turn, $owners) = split /\|/, $node->safe_psql('postgres',
+	'SELECT extract(epoch FROM max(claimed_at) - min(claimed_at)), count(DISTINCT owner) FROM obx.leases');
+ok($turn >= 0.45 && $turn < 0.9,
+	"the second event was claimed ${turn} s after the first, at the next turn (0.5 s), not a whole gap later");
+is($owners, 2, 'each of the two events was claimed by a different worker');
+mock_cmd($mock, 'up all');
+all_published($node) or die 'the events of the two turns were not published';
 broker_holds_exactly($mock, $node, $topic,
 	[ split /\n/, $node->safe_psql('postgres', 'SELECT id FROM obx.outbox_events') ]);
 
