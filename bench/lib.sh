@@ -90,11 +90,24 @@ pg_phase()
 	for line in "$@"; do
 		echo "$line" >>"$work/phase.tmp"
 	done
-	# BENCH_SETTINGS: extra lines for every phase, ";"-separated, e.g.
-	# BENCH_SETTINGS="obx.kafka_properties = 'linger.ms=0'" (then the figures
-	# are no longer obx's defaults; bench/run prints them).
+	# BENCH_SETTINGS: extra lines for every phase, ";"-separated except
+	# inside single quotes, e.g. BENCH_SETTINGS="obx.claim_gap = 5;
+	# obx.kafka_properties = 'linger.ms=0;socket.nagle.disable=false'"
+	# (then the figures are no longer obx's defaults; bench/run prints them).
 	if [ -n "${BENCH_SETTINGS:-}" ]; then
-		tr ';' '\n' <<<"$BENCH_SETTINGS" >>"$work/phase.tmp"
+		awk '{
+			quoted = 0; line = ""
+			for (i = 1; i <= length($0); i++) {
+				c = substr($0, i, 1)
+				if (c == "\047")
+					quoted = !quoted
+				if (c == ";" && !quoted) {
+					print line; line = ""
+				} else
+					line = line c
+			}
+			print line
+		}' <<<"$BENCH_SETTINGS" >>"$work/phase.tmp"
 	fi
 	obx_as_postgres cp "$work/phase.tmp" "$work/data/bench_phase.conf"
 	pg_stop
