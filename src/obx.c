@@ -178,11 +178,12 @@ define_gucs(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("obx.claim_gap",
-							"Least time between two claims of one worker, unless "
-							"the first one took a full batch.",
-							"Commits that come sooner wait and are claimed together. "
-							"The workers take turns: claims of any two are at least "
-							"this divided by obx.workers apart.",
+							"Least time between two claims of the relay, times "
+							"obx.workers: claims start at least this divided by "
+							"obx.workers apart.",
+							"A claim that took a full batch ends the wait. Commits "
+							"that come sooner wait and are claimed together, by "
+							"whichever worker is free.",
 							&obx_claim_gap_ms,
 							10, 0, 1000,
 							PGC_SIGHUP, GUC_UNIT_MS,

@@ -10,9 +10,9 @@
 # lost or published twice, and per key the broker has them in enqueue
 # order (guarantees 2 and 4).  A full batch ends the gap: with obx.batch_size = 10 and 25
 # events waiting, the second batch is claimed right after the first, not
-# a gap later.  Two workers take turns: an event committed just after one
-# worker's claim is claimed by the other half a gap later, not a whole
-# gap later.
+# a gap later.  Two workers take turns of half the gap: an event committed
+# just after a claim is claimed half a gap later, not a whole gap later,
+# also when one of the workers is stopped and the other takes every turn.
 use strict;
 use warnings;
 
@@ -90,13 +90,35 @@ $node->poll_query_until('postgres', 'SELECT count(*) = 1 FROM obx.leases')
 $node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'turn_2', '{}')");
 $node->poll_query_until('postgres', 'SELECT count(*) = 2 FROM obx.leases')
   or die 'the second event was not claimed';
-my ($turn, $owners) = split /\|/, $node->safe_psql('postgres',
-	'SELECT extract(epoch FROM max(claimed_at) - min(claimed_at)), count(DISTINCT owner) FROM obx.leases');
+my $turn = $node->safe_psql('postgres',
+	'SELECT extract(epoch FROM max(claimed_at) - min(claimed_at)) FROM obx.leases');
 ok($turn >= 0.45 && $turn < 0.9,
 	"the second event was claimed ${turn} s after the first, at the next turn (0.5 s), not a whole gap later");
-is($owners, 2, 'each of the two events was claimed by a different worker');
 mock_cmd($mock, 'up all');
 all_published($node) or die 'the events of the two turns were not published';
+
+# Whichever worker is free takes the turn: with worker 0 stopped
+# (SIGSTOP, as if it had no CPU), worker 1 claims at every turn, so again
+# the second event is claimed half the gap after the first.  Workers that
+# each kept a gap of their own and alternated left it a whole gap.
+my $stopped = $node->safe_psql('postgres', 'SELECT pid FROM obx.workers WHERE worker = 0');
+mock_cmd($mock, 'down all');
+kill 'STOP', $stopped or die "could not stop relay worker 0 (pid $stopped)";
+END { kill 'CONT', $stopped if $stopped; }
+$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'turn_3', '{}')");
+$node->poll_query_until('postgres', 'SELECT count(*) = 1 FROM obx.leases')
+  or die 'the third event was not claimed';
+$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'turn_4', '{}')");
+$node->poll_query_until('postgres', 'SELECT count(*) = 2 FROM obx.leases')
+  or die 'the fourth event was not claimed';
+my ($alone, $owner) = split /\|/, $node->safe_psql('postgres',
+	"SELECT extract(epoch FROM max(claimed_at) - min(claimed_at)), string_agg(DISTINCT owner::text, ',') FROM obx.leases");
+kill 'CONT', $stopped;
+is($owner, '1', 'worker 1 claimed both events while worker 0 was stopped');
+ok($alone >= 0.45 && $alone < 0.9,
+	"with worker 0 stopped, worker 1 claimed the second event ${alone} s after the first, at the next turn (0.5 s), not a whole gap later");
+mock_cmd($mock, 'up all');
+all_published($node) or die 'the events claimed by worker 1 alone were not published';
 broker_holds_exactly($mock, $node, $topic,
 	[ split /\n/, $node->safe_psql('postgres', 'SELECT id FROM obx.outbox_events') ]);
 
