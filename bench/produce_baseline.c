@@ -7,7 +7,7 @@
  *
  * Usage:
  *	  produce_baseline -b BROKERS -t TOPIC -f MESSAGES
- *	  produce_baseline -b BROKERS -t TOPIC -f MESSAGES -r RATE -d SECONDS
+ *	  produce_baseline -b BROKERS -t TOPIC -f MESSAGES -r RATE -d SECONDS [-g MS]
  *
  * MESSAGES holds one message per line, as COPY ... TO (FORMAT text) writes
  * it: key, event id and payload separated by tabs.  All of it is read into
@@ -23,6 +23,9 @@
  * wall clock and cycling through MESSAGES, and measures each message from
  * the produce call to its delivery report (the broker's acknowledgement):
  *	  count=<n> failed=<n> p50_ms=<x> p99_ms=<x> max_ms=<x> rate=<achieved>
+ * With -g as well, the messages go out in bursts every MS milliseconds:
+ * each burst produces, back to back, the messages whose slots fell since
+ * the previous one, as the relay hands librdkafka each turn's claim.
  *
  * Exit status 0 when every message was delivered, 1 otherwise, 2 on bad
  * usage or input.
@@ -31,6 +34,7 @@
  */
 #define _GNU_SOURCE
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,11 +254,13 @@ wait_for_reports(rd_kafka_t *rk, long n, double start)
 /*
  * Paced mode: rate messages a second for seconds seconds, each sent at its
  * slot on the clock (start + i / rate), serving delivery reports between
- * slots so their arrival is timed to well under a millisecond.
+ * slots so their arrival is timed to well under a millisecond.  With
+ * burst > 0 (seconds), a message's slot moves to the next multiple of
+ * burst from the start, so the messages of each interval go out together.
  */
 static int
 run_paced(rd_kafka_t *rk, const char *topic, message *msgs, long nmsgs,
-		  double rate, double seconds)
+		  double rate, double seconds, double burst)
 {
 	long n = (long) (rate * seconds);
 	long i;
@@ -281,6 +287,9 @@ run_paced(rd_kafka_t *rk, const char *topic, message *msgs, long nmsgs,
 	{
 		double slot = start + i / rate;
 		double t;
+
+		if (burst > 0)
+			slot = start + ceil(i / rate / burst) * burst;
 
 		while ((t = now_seconds()) < slot)
 		{
@@ -325,6 +334,7 @@ main(int argc, char **argv)
 	const char *path = NULL;
 	double rate = 0;
 	double seconds = 0;
+	double burst = 0;
 	message *msgs;
 	long n;
 	long i;
@@ -335,7 +345,7 @@ main(int argc, char **argv)
 	rd_kafka_t *rk;
 	char err[512];
 
-	while ((opt = getopt(argc, argv, "b:t:f:r:d:")) != -1)
+	while ((opt = getopt(argc, argv, "b:t:f:r:d:g:")) != -1)
 	{
 		switch (opt)
 		{
@@ -354,14 +364,17 @@ main(int argc, char **argv)
 			case 'd':
 				seconds = atof(optarg);
 				break;
+			case 'g':
+				burst = atof(optarg) / 1000;
+				break;
 			default:
-				fprintf(stderr, "usage: produce_baseline -b BROKERS -t TOPIC -f MESSAGES [-r RATE -d SECONDS]\n");
+				fprintf(stderr, "usage: produce_baseline -b BROKERS -t TOPIC -f MESSAGES [-r RATE -d SECONDS [-g MS]]\n");
 				return 2;
 		}
 	}
 	if (brokers == NULL || topic == NULL || path == NULL)
 	{
-		fprintf(stderr, "usage: produce_baseline -b BROKERS -t TOPIC -f MESSAGES [-r RATE -d SECONDS]\n");
+		fprintf(stderr, "usage: produce_baseline -b BROKERS -t TOPIC -f MESSAGES [-r RATE -d SECONDS [-g MS]]\n");
 		return 2;
 	}
 
@@ -394,7 +407,7 @@ main(int argc, char **argv)
 
 	if (rate > 0 || seconds > 0)
 	{
-		int rc = run_paced(rk, topic, msgs, n, rate, seconds);
+		int rc = run_paced(rk, topic, msgs, n, rate, seconds, burst);
 
 		rd_kafka_destroy(rk);
 		return rc;
