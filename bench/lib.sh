@@ -87,13 +87,12 @@ pg_phase()
 {
 	local line
 	: >"$work/phase.tmp"
-	for line in "$@"; do
-		echo "$line" >>"$work/phase.tmp"
-	done
 	# BENCH_SETTINGS: extra lines for every phase, ";"-separated except
 	# inside single quotes, e.g. BENCH_SETTINGS="obx.claim_gap = 5;
 	# obx.kafka_properties = 'linger.ms=0;socket.nagle.disable=false'"
 	# (then the figures are no longer obx's defaults; bench/run prints them).
+	# They come first, so that the phase's own lines win: with
+	# BENCH_SETTINGS="obx.workers = 1", a paused phase still has none.
 	if [ -n "${BENCH_SETTINGS:-}" ]; then
 		awk '{
 			quoted = 0; line = ""
@@ -109,6 +108,9 @@ pg_phase()
 			print line
 		}' <<<"$BENCH_SETTINGS" >>"$work/phase.tmp"
 	fi
+	for line in "$@"; do
+		echo "$line" >>"$work/phase.tmp"
+	done
 	obx_as_postgres cp "$work/phase.tmp" "$work/data/bench_phase.conf"
 	pg_stop
 	obx_as_postgres pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
