@@ -160,10 +160,10 @@ quiet_ms(void)
 	now = GetCurrentTimestamp();
 
 	/*
-	 * Never more than a turn from now: if the system clock went back, the
+	 * A latest claim in the future means the system clock went back: the
 	 * quiet ends now rather than when the clock is back where it was.
 	 */
-	if (now >= latest + turn_us() || latest - now > 0)
+	if (now >= latest + turn_us() || latest > now)
 		return 0;
 	return (long) ((latest + turn_us() - now + 999) / 1000);
 }
