@@ -78,20 +78,31 @@ all_published($node) or die 'the backlog was not published';
 # Turns: two workers, brokers down so that their leases stay.  Left to
 # themselves, two workers fall into step (a claim each at start-up, then
 # a gap each) and an event committed after their claims waits a whole
-# gap.  In turns, the second event is claimed by the other worker half of
+# gap.  In turns, the second event is claimed at the next turn, half of
 # the 1 s gap after the first claim.
+
+# Enqueue two events, the second once the first is claimed (the brokers
+# are down, so both leases stay); returns the seconds between the two
+# claims and the workers that made them.
+sub claims_apart
+{
+	my ($first, $second) = @_;
+
+	$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', '$first', '{}')");
+	$node->poll_query_until('postgres', 'SELECT count(*) = 1 FROM obx.leases')
+	  or die "event $first was not claimed";
+	$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', '$second', '{}')");
+	$node->poll_query_until('postgres', 'SELECT count(*) = 2 FROM obx.leases')
+	  or die "event $second was not claimed";
+	return split /\|/, $node->safe_psql('postgres',
+		"SELECT extract(epoch FROM max(claimed_at) - min(claimed_at)), string_agg(DISTINCT owner::text, ',') FROM obx.leases");
+}
+
 $node->append_conf('postgresql.conf', "obx.workers = 2\nobx.batch_size = 2000\n");
 $node->restart;
 relay_ready($node, 2);
 mock_cmd($mock, 'down all');
-$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'turn_1', '{}')");
-$node->poll_query_until('postgres', 'SELECT count(*) = 1 FROM obx.leases')
-  or die 'the first event was not claimed';
-$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'turn_2', '{}')");
-$node->poll_query_until('postgres', 'SELECT count(*) = 2 FROM obx.leases')
-  or die 'the second event was not claimed';
-my $turn = $node->safe_psql('postgres',
-	'SELECT extract(epoch FROM max(claimed_at) - min(claimed_at)) FROM obx.leases');
+my ($turn) = claims_apart('turn_1', 'turn_2');
 ok($turn >= 0.45 && $turn < 0.9,
 	"the second event was claimed ${turn} s after the first, at the next turn (0.5 s), not a whole gap later");
 mock_cmd($mock, 'up all');
@@ -105,14 +116,7 @@ my $stopped = $node->safe_psql('postgres', 'SELECT pid FROM obx.workers WHERE wo
 mock_cmd($mock, 'down all');
 kill 'STOP', $stopped or die "could not stop relay worker 0 (pid $stopped)";
 END { kill 'CONT', $stopped if $stopped; }
-$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'turn_3', '{}')");
-$node->poll_query_until('postgres', 'SELECT count(*) = 1 FROM obx.leases')
-  or die 'the third event was not claimed';
-$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'turn_4', '{}')");
-$node->poll_query_until('postgres', 'SELECT count(*) = 2 FROM obx.leases')
-  or die 'the fourth event was not claimed';
-my ($alone, $owner) = split /\|/, $node->safe_psql('postgres',
-	"SELECT extract(epoch FROM max(claimed_at) - min(claimed_at)), string_agg(DISTINCT owner::text, ',') FROM obx.leases");
+my ($alone, $owner) = claims_apart('turn_3', 'turn_4');
 kill 'CONT', $stopped;
 is($owner, '1', 'worker 1 claimed both events while worker 0 was stopped');
 ok($alone >= 0.45 && $alone < 0.9,
