@@ -142,30 +142,33 @@ turn_us(void)
 }
 
 /*
- * Milliseconds (rounded up) until the next turn: a turn after any
- * worker's latest claim; 0 once it has come, or when the latest claim took
- * a full batch (end_turns).
+ * Whether, at now, the next turn has come: a turn has passed since the
+ * latest claim of any worker (latest), or that claim took a full batch
+ * (latest is 0, see end_turns).  A latest claim in the future means the
+ * system clock went back: the turn comes now rather than when the clock
+ * is back where it was.
  */
+static bool
+turn_due(uint64 latest, TimestampTz now)
+{
+	return latest == 0 || (TimestampTz) latest > now ||
+		   now >= (TimestampTz) latest + turn_us();
+}
+
+/* Milliseconds (rounded up) until the next turn; 0 once it has come. */
 static long
 quiet_ms(void)
 {
-	TimestampTz latest;
+	uint64 latest;
 	TimestampTz now;
 
 	if (obx_claim_gap_ms <= 0)
 		return 0;
-	latest = (TimestampTz) pg_atomic_read_u64(&obx_shared->last_claim_at);
-	if (latest == 0)
-		return 0;
+	latest = pg_atomic_read_u64(&obx_shared->last_claim_at);
 	now = GetCurrentTimestamp();
-
-	/*
-	 * A latest claim in the future means the system clock went back: the
-	 * quiet ends now rather than when the clock is back where it was.
-	 */
-	if (now >= latest + turn_us() || latest > now)
+	if (turn_due(latest, now))
 		return 0;
-	return (long) ((latest + turn_us() - now + 999) / 1000);
+	return (long) (((TimestampTz) latest + turn_us() - now + 999) / 1000);
 }
 
 /*
@@ -189,7 +192,7 @@ take_turn(TimestampTz now)
 	if (obx_claim_gap_ms <= 0)
 		return true;
 	latest = pg_atomic_read_u64(&obx_shared->last_claim_at);
-	if (latest != 0 && (TimestampTz) latest <= now && (TimestampTz) latest + turn_us() > now)
+	if (!turn_due(latest, now))
 		return false;
 	return pg_atomic_compare_exchange_u64(&obx_shared->last_claim_at, &latest, (uint64) now);
 }
