@@ -24,8 +24,12 @@
 #     the rate the obx runs committed events, in bursts every turn of the
 #     relay (obx.claim_gap / obx.workers, 5 ms by default), as the relay
 #     hands librdkafka each claim: what shipping that many events a second
-#     costs the application when it is done by librdkafka alone.  What obx
-#     costs beyond that row is its relay's database work.  (Until
+#     costs the application when it is done by librdkafka alone.  Two more
+#     follow with, besides that producer, one more pgbench session that marks
+#     the pending rows of bench.plain_outbox published once a turn, in one
+#     UPDATE (pgbench/mark_plain.sql): the least database work any relay that
+#     records its deliveries in this database does, so that row is the floor
+#     of the relay-running figure.  (Until
 #     2026-11-30 that producer sent one message at a time, evenly spaced,
 #     which cost the application about 1.4 x the plain INSERT where bursts
 #     cost 1.1 x: see docs/benchmarks.md.)
@@ -118,23 +122,29 @@ $label | $obx_ms | $(calc "$obx_tps_sum / 2" 0) | $plain_ms | $(calc "$plain_tps
 	done
 }
 
-# plain_with_producer SECS CLIENTS THREADS RATE OBX_MS PLAIN_MS: two plain
+# plain_beside SECS CLIENTS THREADS RATE TURN MARK: mean ms/txn of two plain
 # INSERT runs, each while bench/produce_baseline produces RATE messages a
-# second to the broker, in bursts every turn of the relay; prints a line
-# with their mean ms/txn next to the running obx and plain figures.
-plain_with_producer()
+# second to the broker in bursts every TURN ms and, with MARK = 1, while one
+# more pgbench session marks the pending rows of bench.plain_outbox
+# published once every TURN ms (pgbench/mark_plain.sql).
+plain_beside()
 {
-	local secs=$1 clients=$2 threads=$3 rate=$4 obx_ms=$5 plain_ms=$6
-	local i sum=0 out lat prod turn
-	ensure_messages
-	turn=$(sql_value "SELECT round((SELECT setting::numeric FROM pg_settings WHERE name = 'obx.claim_gap')
-		/ greatest(1, (SELECT setting::int FROM pg_settings WHERE name = 'obx.workers')), 1)")
+	local secs=$1 clients=$2 threads=$3 rate=$4 turn=$5 mark=$6
+	local i sum=0 out lat prod marker
 	for i in 1 2; do
 		reset_outbox
 		"$here/produce_baseline" -b "$brokers" -t "bench.enqueue.librdkafka" -f "$work/messages.tsv" \
 			-r "$rate" -d "$((secs + 1))" -g "$turn" >"$work/enqueue_producer_$i.log" 2>&1 &
 		prod=$!
 		bench_jobs="$bench_jobs $prod"
+		marker=""
+		if [ "$mark" = 1 ]; then
+			PGOPTIONS="-c synchronous_commit=off" run_pgbench -c 1 -j 1 -T "$((secs + 1))" \
+				-R "$(calc "1000 / ($turn > 1 ? $turn : 1)" 0)" -M prepared \
+				-f "$here/pgbench/mark_plain.sql" >"$work/enqueue_marker_$i.log" 2>&1 &
+			marker=$!
+			bench_jobs="$bench_jobs $marker"
+		fi
 		out=$(run_pgbench -c "$clients" -j "$threads" -T "$secs" -M prepared \
 			-f "$here/pgbench/enqueue_plain.sql" 2>&1) || {
 			echo "$out" >&2
@@ -145,11 +155,39 @@ plain_with_producer()
 			cat "$work/enqueue_producer_$i.log" >&2
 			return 1
 		}
+		if [ -n "$marker" ] && ! wait "$marker"; then
+			echo "bench: the marking session beside the plain INSERTs failed:" >&2
+			cat "$work/enqueue_marker_$i.log" >&2
+			return 1
+		fi
+		if [ -n "$marker" ]; then
+			local left
+			left=$(sql_value "SELECT count(*) FROM bench.plain_outbox WHERE published_at IS NULL")
+			[ "$left" = 0 ] ||
+				echo "bench: WARNING: the marking session left $left rows unmarked (it did not keep up)" >&2
+		fi
 		lat=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' <<<"$out")
 		sum=$(calc "$sum + $lat" 4)
 	done
-	local ms
-	ms=$(calc "$sum / 2" 3)
+	calc "$sum / 2" 3
+}
+
+# plain_with_producer SECS CLIENTS THREADS RATE OBX_MS PLAIN_MS: the two
+# floors of the relay-running row, each next to the running obx and plain
+# figures: plain INSERTs beside librdkafka alone (what shipping RATE events
+# a second costs), and beside librdkafka plus the marking session (what any
+# relay that marks its events published in this database costs at least).
+plain_with_producer()
+{
+	local secs=$1 clients=$2 threads=$3 rate=$4 obx_ms=$5 plain_ms=$6
+	local turn ms marked
+	ensure_messages
+	turn=$(sql_value "SELECT round((SELECT setting::numeric FROM pg_settings WHERE name = 'obx.claim_gap')
+		/ greatest(1, (SELECT setting::int FROM pg_settings WHERE name = 'obx.workers')), 1)")
+	ms=$(plain_beside "$secs" "$clients" "$threads" "$rate" "$turn" 0) || return 1
+	marked=$(plain_beside "$secs" "$clients" "$threads" "$rate" "$turn" 1) || return 1
 	echo "plain INSERT while librdkafka alone produces the same $rate events/s in bursts every $turn ms (no relay): $ms ms/txn," \
 		"$(calc "$ms / $plain_ms") x plain INSERT alone; obx running is $(calc "$obx_ms / $ms") x this"
+	echo "the same while one more session also marks the pending rows published every $turn ms (the least any relay does in the database): $marked ms/txn," \
+		"$(calc "$marked / $plain_ms") x plain INSERT alone; obx running is $(calc "$obx_ms / $marked") x this"
 }
