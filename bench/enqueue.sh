@@ -45,7 +45,7 @@ bench_enqueue()
 	echo
 	echo "== 2. enqueue cost: pgbench, $clients clients, ${secs}s per run, one event per transaction (load average $(machine_load))"
 
-	local rows="" config relay pgoptions kafka_row=""
+	local rows="" config relay pgoptions floor_lines="" least_ratio=""
 	for config in paused paused_async running; do
 		relay=${config%_async}
 		pgoptions=""
@@ -67,7 +67,7 @@ bench_enqueue()
 				echo "$out" >&2
 				return 1
 			}
-			lat=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' <<<"$out")
+			lat=$(pgbench_latency "$out")
 			tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")
 			if [ -z "$lat" ] || [ -z "$tps" ]; then
 				echo "bench: could not read pgbench's output:" >&2
@@ -91,8 +91,13 @@ bench_enqueue()
 		plain_ms=$(calc "$plain_sum / 2" 3)
 		ratio=$(calc "$obx_ms / $plain_ms")
 		if [ $config = running ]; then
-			kafka_row=$(plain_with_producer "$secs" "$clients" "$threads" \
-				"$(calc "$obx_tps_sum / 2" 0)" "$obx_ms" "$plain_ms") || return 1
+			local rate floors turn kafka_ms least_ms
+			rate=$(calc "$obx_tps_sum / 2" 0)
+			floors=$(relay_floors "$secs" "$clients" "$threads" "$rate") || return 1
+			read -r turn kafka_ms least_ms <<<"$floors"
+			least_ratio=$(calc "$least_ms / $plain_ms")
+			floor_lines="plain INSERT while librdkafka alone produces the same $rate events/s in bursts every $turn ms (no relay): $kafka_ms ms/txn, $(calc "$kafka_ms / $plain_ms") x plain INSERT alone; obx running is $(calc "$obx_ms / $kafka_ms") x this
+the same while one more session also marks the pending rows published every $turn ms (the least any relay does in the database): $least_ms ms/txn, $least_ratio x plain INSERT alone; obx running is $(calc "$obx_ms / $least_ms") x this"
 		fi
 		case $config in
 		paused) label="relay paused" ;;
@@ -114,14 +119,12 @@ $label | $obx_ms | $(calc "$obx_tps_sum / 2" 0) | $plain_ms | $(calc "$plain_tps
 		echo "setting | obx.enqueue ms/txn | obx txn/s | plain INSERT ms/txn | plain txn/s | obx / plain (ms/txn) | note"
 		echo "${rows#?}"
 	} | table
-	echo "$kafka_row"
-	# The least relay's row (the last line): its ratio to the plain INSERT.
-	local floor c extra
-	floor=$(tail -1 <<<"$kafka_row" | sed -n 's/.* ms\/txn, \([0-9.]*\) x plain INSERT alone.*/\1/p')
+	echo "$floor_lines"
+	local c extra
 	for c in paused paused_async running; do
 		eval "ratio=\$ratio_$c"
 		extra=""
-		[ $c = running ] && [ -n "$floor" ] && extra=" (the least relay's floor in this run: ${floor}x)"
+		[ $c = running ] && extra=" (the least relay's floor in this run: ${least_ratio}x)"
 		echo "target: obx ≤ 1.15x the plain INSERT's time per transaction, ${c/_async/ with synchronous_commit = off}: ${ratio}x — $(verdict "$(awk "BEGIN { print ($ratio <= 1.15) }")")$extra"
 	done
 }
@@ -159,39 +162,43 @@ plain_beside()
 			cat "$work/enqueue_producer_$i.log" >&2
 			return 1
 		}
-		if [ -n "$marker" ] && ! wait "$marker"; then
-			echo "bench: the marking session beside the plain INSERTs failed:" >&2
-			cat "$work/enqueue_marker_$i.log" >&2
-			return 1
-		fi
 		if [ -n "$marker" ]; then
 			local left
+			wait "$marker" || {
+				echo "bench: the marking session beside the plain INSERTs failed:" >&2
+				cat "$work/enqueue_marker_$i.log" >&2
+				return 1
+			}
 			left=$(sql_value "SELECT count(*) FROM bench.plain_outbox WHERE published_at IS NULL")
 			[ "$left" = 0 ] ||
 				echo "bench: WARNING: the marking session left $left rows unmarked (it did not keep up)" >&2
 		fi
-		lat=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' <<<"$out")
+		lat=$(pgbench_latency "$out")
 		sum=$(calc "$sum + $lat" 4)
 	done
 	calc "$sum / 2" 3
 }
 
-# plain_with_producer SECS CLIENTS THREADS RATE OBX_MS PLAIN_MS: the two
-# floors of the relay-running row, each next to the running obx and plain
-# figures: plain INSERTs beside librdkafka alone (what shipping RATE events
-# a second costs), and beside librdkafka plus the marking session (what any
-# relay that marks its events published in this database costs at least).
-plain_with_producer()
+# relay_floors SECS CLIENTS THREADS RATE: the floors of the relay-running
+# row, as "TURN KAFKA_MS LEAST_MS": the relay's turn in ms, and the mean
+# ms/txn of plain INSERTs beside librdkafka alone producing RATE events a
+# second in bursts every turn (what shipping them costs), and beside
+# librdkafka and the marking session (what any relay that marks its events
+# published in this database costs at least).
+relay_floors()
 {
-	local secs=$1 clients=$2 threads=$3 rate=$4 obx_ms=$5 plain_ms=$6
+	local secs=$1 clients=$2 threads=$3 rate=$4
 	local turn ms marked
 	ensure_messages
 	turn=$(sql_value "SELECT round((SELECT setting::numeric FROM pg_settings WHERE name = 'obx.claim_gap')
 		/ greatest(1, (SELECT setting::int FROM pg_settings WHERE name = 'obx.workers')), 1)")
 	ms=$(plain_beside "$secs" "$clients" "$threads" "$rate" "$turn" 0) || return 1
 	marked=$(plain_beside "$secs" "$clients" "$threads" "$rate" "$turn" 1) || return 1
-	echo "plain INSERT while librdkafka alone produces the same $rate events/s in bursts every $turn ms (no relay): $ms ms/txn," \
-		"$(calc "$ms / $plain_ms") x plain INSERT alone; obx running is $(calc "$obx_ms / $ms") x this"
-	echo "the same while one more session also marks the pending rows published every $turn ms (the least any relay does in the database): $marked ms/txn," \
-		"$(calc "$marked / $plain_ms") x plain INSERT alone; obx running is $(calc "$obx_ms / $marked") x this"
+	echo "$turn $ms $marked"
+}
+
+# pgbench_latency OUTPUT: the "latency average" in ms of pgbench's output.
+pgbench_latency()
+{
+	sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' <<<"$1"
 }
