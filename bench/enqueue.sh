@@ -26,7 +26,8 @@
 #     hands librdkafka each claim: what shipping that many events a second
 #     costs the application when it is done by librdkafka alone.  Two more
 #     follow with, besides that producer, one more pgbench session that marks
-#     the pending rows of bench.plain_outbox published once a turn, in one
+#     the pending rows of bench.plain_outbox published once a turn on
+#     average (pgbench --rate spaces them at random), in one
 #     UPDATE (pgbench/mark_plain.sql): the least database work any relay that
 #     records its deliveries in this database does, so that row is the floor
 #     of the relay-running figure.  (Until
@@ -97,7 +98,7 @@ bench_enqueue()
 			read -r turn kafka_ms least_ms <<<"$floors"
 			least_ratio=$(calc "$least_ms / $plain_ms")
 			floor_lines="plain INSERT while librdkafka alone produces the same $rate events/s in bursts every $turn ms (no relay): $kafka_ms ms/txn, $(calc "$kafka_ms / $plain_ms") x plain INSERT alone; obx running is $(calc "$obx_ms / $kafka_ms") x this
-the same while one more session also marks the pending rows published every $turn ms (the least any relay does in the database): $least_ms ms/txn, $least_ratio x plain INSERT alone; obx running is $(calc "$obx_ms / $least_ms") x this"
+the same while one more session also marks the pending rows published on average every $turn ms (the least any relay does in the database): $least_ms ms/txn, $least_ratio x plain INSERT alone; obx running is $(calc "$obx_ms / $least_ms") x this"
 		fi
 		case $config in
 		paused) label="relay paused" ;;
@@ -133,7 +134,8 @@ $label | $obx_ms | $(calc "$obx_tps_sum / 2" 0) | $plain_ms | $(calc "$plain_tps
 # INSERT runs, each while bench/produce_baseline produces RATE messages a
 # second to the broker in bursts every TURN ms and, with MARK = 1, while one
 # more pgbench session marks the pending rows of bench.plain_outbox
-# published once every TURN ms (pgbench/mark_plain.sql).
+# published once every TURN ms on average (pgbench/mark_plain.sql; pgbench
+# --rate spaces its transactions at random, not evenly).
 plain_beside()
 {
 	local secs=$1 clients=$2 threads=$3 rate=$4 turn=$5 mark=$6

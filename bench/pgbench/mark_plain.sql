@@ -2,7 +2,8 @@
 -- of bench.plain_outbox published, in one statement and transaction (run
 -- with synchronous_commit = off, as the relay records its batches).  No
 -- lease, no claim step, no Kafka: bench/enqueue.sh runs it once per relay
--- turn beside the plain INSERTs, for the floor of the relay-running row.
+-- turn on average beside the plain INSERTs, for the floor of the
+-- relay-running row.
 UPDATE bench.plain_outbox
    SET published_at = clock_timestamp(), kafka_partition = 0, kafka_offset = 0,
        attempts = attempts + 1
