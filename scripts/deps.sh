@@ -7,11 +7,42 @@ OBX_PACKAGES="make gcc clang-format postgresql-15 postgresql-server-dev-15 librd
 uuid-dev kcat libipc-run-perl procps prometheus-postgres-exporter
 php-cli php-pgsql php-laravel-framework php-illuminate-database"
 
+# The real Apache Kafka broker: Java and Maven from Debian, the broker's jars
+# from Maven Central (tools/kafka/pom.xml), cached in OBX_KAFKA_LIBS.
+OBX_KAFKA_PACKAGES="openjdk-17-jre-headless maven openssl"
+OBX_KAFKA_VERSION=3.9.1
+export OBX_KAFKA_LIBS="${OBX_KAFKA_LIBS:-/var/cache/obx/kafka-$OBX_KAFKA_VERSION}"
+
 obx_install_deps()
+{
+	obx_install_packages $OBX_PACKAGES
+}
+
+# obx_install_kafka: the packages and jars tools/kafka-cluster needs; a
+# second call costs nothing (the jars stay in OBX_KAFKA_LIBS).
+obx_install_kafka()
+{
+	obx_install_packages $OBX_KAFKA_PACKAGES
+	[ -f "$OBX_KAFKA_LIBS/.complete" ] && return 0
+	echo "fetching Apache Kafka $OBX_KAFKA_VERSION from Maven Central into $OBX_KAFKA_LIBS"
+	mkdir -p "$OBX_KAFKA_LIBS"
+	mvn -q -B -f "$(dirname "${BASH_SOURCE[0]}")/../tools/kafka/pom.xml" \
+		-Dkafka.version="$OBX_KAFKA_VERSION" dependency:copy-dependencies \
+		-DoutputDirectory="$OBX_KAFKA_LIBS" >"$OBX_KAFKA_LIBS.log" 2>&1 || {
+		cat "$OBX_KAFKA_LIBS.log" >&2
+		echo "could not fetch Apache Kafka $OBX_KAFKA_VERSION from Maven Central" >&2
+		return 1
+	}
+	chmod -R a+rX "$OBX_KAFKA_LIBS"
+	touch "$OBX_KAFKA_LIBS/.complete"
+}
+
+# obx_install_packages PKG...: apt-get install whichever are missing.
+obx_install_packages()
 {
 	local missing=""
 	local p
-	for p in $OBX_PACKAGES; do
+	for p in "$@"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
 			missing="$missing $p"
 	done

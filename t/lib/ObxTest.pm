@@ -18,11 +18,12 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep time);
 
-our @EXPORT = qw(start_mock mock_cmd obx_node obx_primary relay_ready read_topic wait_for_broker
+our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster obx_node obx_primary relay_ready read_topic wait_for_broker
   wait_until all_published event_ids_at_broker first_occurrences
   committed_ids relay_pids broker_holds_exactly);
 
 my @mocks;
+my @clusters;    # real Kafka clusters made by start_kafka
 my @nodes;    # made by obx_node: stopped before the stand-ins at the end
 
 # start_mock(%opts): start the Kafka stand-in; returns a hash with
@@ -69,6 +70,46 @@ sub mock_cmd
 	  unless defined $reply && $reply =~ /^ok/;
 	chomp $reply;
 	return $reply;
+}
+
+# start_kafka(%opts): start a real Apache Kafka cluster on loopback
+# (tools/kafka-cluster, KRaft); returns a hash with dir, bootstrap and the
+# other values of its cluster.env (nodes, node<ID>; with secure => 1 also
+# secure_bootstrap, ca, user, password, admin_password).  It serves
+# read_topic, obx_node and the other helpers as a stand-in does.  Options:
+# nodes (default 3), secure.  Stopped at the end of the test, even when the
+# test fails.
+sub start_kafka
+{
+	my (%opts) = @_;
+	my $dir = PostgreSQL::Test::Utils::tempdir('kafka') . '/cluster';
+	my %k = (dir => $dir);
+	push @clusters, \%k;
+	my @args = ('start', '--nodes', $opts{nodes} // 3);
+	push @args, '--secure' if $opts{secure};
+	kafka_cluster(\%k, @args);
+	open(my $fh, '<', "$dir/cluster.env") or die "cannot read $dir/cluster.env: $!";
+	while (my $line = <$fh>)
+	{
+		chomp $line;
+		my ($key, $v) = split /=/, $line, 2;
+		$k{$key} = $v;
+	}
+	close $fh;
+	return \%k;
+}
+
+# kafka_cluster($kafka, 'kill', 2): one tools/kafka-cluster command on the
+# cluster; dies if it fails.  Returns its standard output.
+sub kafka_cluster
+{
+	my ($kafka, $cmd, @args) = @_;
+	my $bin = $ENV{OBX_KAFKA_CLUSTER} || 'tools/kafka-cluster';
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ $bin, $cmd, $kafka->{dir}, @args ], '<', \undef, '>', \$out, '2>', \$err,
+		IPC::Run::timeout(2 * $PostgreSQL::Test::Utils::timeout_default))
+	  or die "kafka-cluster $cmd @args failed: $err";
+	return $out;
 }
 
 # obx_node($name, $mock, %conf): a started PostgreSQL node with obx
@@ -247,7 +288,7 @@ sub relay_pids
 }
 
 # Nodes first (immediate stop, as PostgreSQL::Test::Cluster's own END
-# block would), then the stand-ins: a relay that outlives its brokers
+# block would), then the stand-ins and the Kafka clusters: a relay that outlives its brokers
 # fills the server log with broker-down warnings.
 END
 {
@@ -260,6 +301,10 @@ END
 	for my $m (@mocks)
 	{
 		eval { $m->{handle}->kill_kill(grace => 5); };
+	}
+	for my $k (@clusters)
+	{
+		eval { kafka_cluster($k, 'stop'); };
 	}
 	$? = $exit_code;
 }
