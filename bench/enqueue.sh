@@ -30,10 +30,7 @@
 #     average (pgbench --rate spaces them at random), in one
 #     UPDATE (pgbench/mark_plain.sql): the least database work any relay that
 #     records its deliveries in this database does, so that row is the floor
-#     of the relay-running figure.  (Until
-#     2026-11-30 that producer sent one message at a time, evenly spaced,
-#     which cost the application about 1.4 x the plain INSERT where bursts
-#     cost 1.1 x: see docs/benchmarks.md.)
+#     of the relay-running figure.
 
 bench_enqueue()
 {
