@@ -76,8 +76,8 @@ attach_slot(void)
 static char *
 kafka_settings(void)
 {
-	return psprintf("%s|%s|%d", obx_brokers, obx_kafka_properties,
-					obx_delivery_timeout_ms);
+	return psprintf("%s|%s|%s|%d", obx_brokers, obx_kafka_properties,
+					obx_kafka_file_signature(), obx_delivery_timeout_ms);
 }
 
 /*
