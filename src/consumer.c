@@ -726,6 +726,7 @@ process_reload(void)
 		return;
 	ConfigReloadPending = false;
 	ProcessConfigFile(PGC_SIGHUP);
+	obx_kafka_file_reread();
 	now = kafka_settings();
 	if (strcmp(now, kafka_settings_seen) != 0)
 	{

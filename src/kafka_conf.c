@@ -32,6 +32,7 @@
 #include "funcapi.h"
 #include "storage/fd.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
 
 #include "obx.h"
 
@@ -248,27 +249,49 @@ obx_kafka_file_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 	return ok;
 }
 
+static char *file_signature = NULL;
+
 /*
  * obx_kafka_file_signature
  *		A string that changes when obx.kafka_properties_file or its content
  *		does, for a worker to notice on reload that its Kafka clients must
- *		be rebuilt.  A hash, so that no secret is kept around in it.
+ *		be rebuilt: as read by the last obx_kafka_file_reread (the first
+ *		call reads it).  A hash, so that no secret is kept around in it.
  */
-char *
+const char *
 obx_kafka_file_signature(void)
+{
+	if (file_signature == NULL)
+		obx_kafka_file_reread();
+	return file_signature;
+}
+
+/*
+ * obx_kafka_file_reread
+ *		Read the file again for obx_kafka_file_signature: after a reload.
+ */
+void
+obx_kafka_file_reread(void)
 {
 	char errbuf[512];
 	char *text;
 	size_t len;
-	uint64 hash;
+	char *sig;
 
 	if (obx_kafka_properties_file == NULL || obx_kafka_properties_file[0] == '\0')
-		return pstrdup("");
-	text = read_properties_file(obx_kafka_properties_file, &len, errbuf, sizeof(errbuf));
-	if (text == NULL)
-		return psprintf("%s:unreadable", obx_kafka_properties_file);
-	hash = hash_bytes_extended((const unsigned char *) text, (int) len, 0);
-	explicit_bzero(text, len);
-	pfree(text);
-	return psprintf("%s:" UINT64_FORMAT, obx_kafka_properties_file, hash);
+		sig = "";
+	else if ((text = read_properties_file(obx_kafka_properties_file, &len,
+										  errbuf, sizeof(errbuf))) == NULL)
+		sig = psprintf("%s:unreadable", obx_kafka_properties_file);
+	else
+	{
+		uint64 hash = hash_bytes_extended((const unsigned char *) text, (int) len, 0);
+
+		explicit_bzero(text, len);
+		pfree(text);
+		sig = psprintf("%s:" UINT64_FORMAT, obx_kafka_properties_file, hash);
+	}
+	if (file_signature != NULL)
+		pfree(file_signature);
+	file_signature = MemoryContextStrdup(TopMemoryContext, sig);
 }

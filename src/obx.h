@@ -259,7 +259,8 @@ extern bool obx_kafka_user_properties(struct rd_kafka_conf_s *conf,
 									  char *errbuf, size_t errlen);
 extern bool obx_kafka_file_properties(struct rd_kafka_conf_s *conf,
 									  char *errbuf, size_t errlen);
-extern char *obx_kafka_file_signature(void);
+extern const char *obx_kafka_file_signature(void);
+extern void obx_kafka_file_reread(void);
 extern bool obx_kafka_subscription_property_allowed(const char *name);
 struct rd_kafka_s;
 extern struct rd_kafka_s *obx_kafka_new(int type, struct rd_kafka_conf_s *conf,

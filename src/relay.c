@@ -95,6 +95,7 @@ process_reload(void)
 	ConfigReloadPending = false;
 	before = kafka_settings();
 	ProcessConfigFile(PGC_SIGHUP);
+	obx_kafka_file_reread();
 	if (strcmp(before, kafka_settings()) != 0)
 	{
 		rebuild_producer = true;
