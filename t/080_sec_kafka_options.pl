@@ -15,6 +15,7 @@
 use strict;
 use warnings;
 
+use File::Spec;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use IO::Select;
@@ -34,7 +35,8 @@ my $listener = IO::Socket::INET->new(Listen => 5, LocalAddr => '127.0.0.1',
   or die "cannot listen: $!";
 my $port = $listener->sockport;
 
-my $dir = PostgreSQL::Test::Utils::tempdir('sec_options');
+# Absolute: a kinit command would run in the server's data directory.
+my $dir = File::Spec->rel2abs(PostgreSQL::Test::Utils::tempdir('sec_options'));
 my $owned = "$dir/owned";
 
 my $node = obx_node('sec_options', $mock,

@@ -29,6 +29,17 @@ GRANT EXECUTE ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb),
       obx.unsubscribe(text), obx.mark_processed(text, text)
    TO regress_bob, regress_mallory, regress_bob_deputy;
 
+-- subscribe, unsubscribe and mark_processed run as their caller (C), and
+-- pass it to SECURITY DEFINER functions granted to nobody; after the
+-- update from 1.0, mark_processed is no longer SECURITY DEFINER itself.
+SELECT p.oid::regprocedure AS function, l.lanname, p.prosecdef, p.proconfig,
+       has_function_privilege('regress_mallory', p.oid, 'EXECUTE') AS mallory_may_call
+  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+ WHERE p.pronamespace = 'obx'::regnamespace
+   AND p.proname IN ('subscribe', 'unsubscribe', 'mark_processed',
+                     '_subscribe', '_unsubscribe', '_mark_processed')
+ ORDER BY p.proname COLLATE "C";
+
 --
 -- Kafka options: consumer tuning only.  Anyone may read the list.
 --
