@@ -149,9 +149,12 @@ COMMENT ON TABLE obx.subscriptions IS
 	'Kafka topics the consumer workers read, as consumer group consumer_name, and the handler each message goes to';
 
 /*
- * The handler runs as the subscription's owner, so the owner is always the
- * role that wrote the row: a role allowed to write subscriptions cannot
- * make a handler run as someone else.
+ * The handler runs as the subscription's owner.  Subscriptions are written
+ * by obx.subscribe (as the extension owner, which sets the owner it
+ * checked); nobody else is granted writes.  Should a superuser grant them
+ * anyway, a row written by a non-superuser is owned by that writer, so a
+ * role allowed to write subscriptions cannot make a handler run as someone
+ * else.
  */
 CREATE FUNCTION obx._subscription_owner()
 RETURNS trigger
@@ -159,7 +162,10 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-	NEW.owner := current_user::regrole;
+	IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
+					  WHERE r.rolname = current_user), false) THEN
+		NEW.owner := current_user::regrole;
+	END IF;
 	RETURN NEW;
 END
 $$;
@@ -242,21 +248,171 @@ SELECT pg_catalog.pg_extension_config_dump('obx.dead_letters', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.dead_letters_id_seq', '');
 
 /*
- * subscribe: register (or replace) a subscription.  The consumer workers
- * pick it up within obx.poll_interval.  The handler runs as the role that
- * subscribed.
+ * Who owns a consumer name: the role that first subscribed it, or first
+ * marked an event processed for it (a hand-written consumer).  Only that
+ * role, its members (pg_has_role ... 'USAGE') and superusers may
+ * subscribe, replace or unsubscribe it, or mark events for it; several
+ * roles share a consumer by being members of its owner.  Superusers (the
+ * consumer workers among them) never claim a name by marking.  The name
+ * stays owned after obx.unsubscribe, as its dedupe history stays; a
+ * superuser hands it over by updating this table.
  */
-CREATE FUNCTION obx.subscribe(consumer_name text, topics text[],
-							  handler regprocedure, options jsonb DEFAULT '{}')
+CREATE TABLE obx.consumer_owners (
+	consumer_name		text		PRIMARY KEY
+		CHECK (consumer_name <> ''),
+	owner				regrole		NOT NULL,
+	claimed_at			timestamptz NOT NULL DEFAULT now()
+);
+
+COMMENT ON TABLE obx.consumer_owners IS
+	'The role each consumer name belongs to: who may subscribe, unsubscribe and mark events for it';
+
+SELECT pg_catalog.pg_extension_config_dump('obx.consumer_owners', '');
+
+/*
+ * The Kafka properties a subscription may set in options.kafka: consumer
+ * tuning only (src/kafka_conf.c).  Everything else (brokers, security,
+ * plugins, commands, files) is a superuser's, in obx.kafka_properties or
+ * obx.kafka_properties_file; the consumer workers check the list again.
+ */
+CREATE FUNCTION obx.subscription_kafka_properties()
+RETURNS SETOF text
+AS 'MODULE_PATHNAME', 'obx_subscription_kafka_properties'
+LANGUAGE C IMMUTABLE STRICT;
+
+COMMENT ON FUNCTION obx.subscription_kafka_properties() IS
+	'The librdkafka consumer properties a subscription may set in its options.kafka';
+
+/*
+ * What is wrong with subscription options, as {sqlstate, message, hint}
+ * (hint may be NULL), or NULL when they are fine.  obx.subscribe raises
+ * it; the consumer workers and obx.consumers report it for a row that
+ * holds bad options anyway, and skip that subscription.
+ */
+CREATE FUNCTION obx._options_problem(options jsonb)
+RETURNS text[]
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	opt record;
+	bad text;
+BEGIN
+	IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
+		RETURN ARRAY['22023', 'obx subscription options must be a JSON object', NULL];
+	END IF;
+	FOR opt IN SELECT * FROM jsonb_each(options) LOOP
+		IF opt.key = 'kafka' THEN
+			IF jsonb_typeof(opt.value) <> 'object' OR EXISTS (
+				SELECT 1 FROM jsonb_each(opt.value) k WHERE jsonb_typeof(k.value) <> 'string') THEN
+				RETURN ARRAY['22023',
+					'obx subscription option "kafka" must be an object of string values',
+					'For example: {"kafka": {"session.timeout.ms": "10000"}}'];
+			END IF;
+			SELECT k INTO bad FROM jsonb_object_keys(opt.value) k
+			 WHERE k NOT IN (SELECT obx.subscription_kafka_properties())
+			 ORDER BY k LIMIT 1;
+			IF bad IS NOT NULL THEN
+				RETURN ARRAY['22023',
+					format('Kafka property "%s" cannot be set by an obx subscription', bad),
+					'A subscription may set consumer tuning properties only (obx.subscription_kafka_properties() lists them). '
+					'Connection, security, plugin and file properties are set by a superuser, '
+					'in obx.kafka_properties or obx.kafka_properties_file.'];
+			END IF;
+		ELSIF opt.key = 'start' THEN
+			IF opt.value NOT IN ('"earliest"', '"latest"') THEN
+				RETURN ARRAY['22023',
+					'obx subscription option "start" must be "earliest" or "latest"', NULL];
+			END IF;
+		ELSIF opt.key = 'retry_sqlstates' THEN
+			IF jsonb_typeof(opt.value) <> 'array' OR EXISTS (
+				SELECT 1 FROM jsonb_array_elements(opt.value) s
+				 WHERE jsonb_typeof(s) <> 'string' OR s #>> '{}' !~ '^[0-9A-Z]{5}$') THEN
+				RETURN ARRAY['22023',
+					'obx subscription option "retry_sqlstates" must be an array of SQLSTATE codes',
+					'For example: {"retry_sqlstates": ["P0001"]}'];
+			END IF;
+		ELSE
+			RETURN ARRAY['22023', format('unknown obx subscription option "%s"', opt.key),
+						 'Known options: kafka, start, retry_sqlstates.'];
+		END IF;
+	END LOOP;
+	RETURN NULL;
+END
+$$;
+
+/*
+ * Why the consumer workers cannot serve a subscription row, or NULL: its
+ * owner or handler is gone, or the row holds what obx.subscribe would
+ * have refused (written by a superuser directly).  Such a subscription is
+ * reported and skipped; the others go on.  It says nothing secret, and
+ * whoever may read obx.consumers must be able to execute it (it runs as
+ * the extension owner, so that its own calls need no grant).
+ */
+CREATE FUNCTION obx._subscription_problem(s obx.subscriptions)
+RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT CASE
+		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)
+		THEN format('its owner (role with OID %s) no longer exists', s.owner::oid)
+		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = s.handler)
+		THEN 'its handler no longer exists'
+		WHEN s.topics IS NULL OR pg_catalog.cardinality(s.topics) = 0
+			 OR pg_catalog.array_position(s.topics, NULL) IS NOT NULL
+			 OR EXISTS (SELECT 1 FROM pg_catalog.unnest(s.topics) t
+						 WHERE t !~ '^[A-Za-z0-9._-]{1,249}$')
+		THEN 'its topics are not valid Kafka topic names'
+		ELSE (obx._options_problem(s.options))[2]
+	END
+$$;
+
+/*
+ * Owner checks of the consumer side: caller may act for a consumer owned
+ * by owner_role if it has that role's privileges (a member, or a
+ * superuser), as PostgreSQL decides who may alter an object.
+ */
+CREATE FUNCTION obx._check_consumer_owner(caller oid, consumer_name text, owner_role oid)
 RETURNS void
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF NOT pg_has_role(caller, owner_role, 'USAGE') THEN
+		RAISE EXCEPTION 'must be owner of obx consumer "%"', consumer_name
+			USING ERRCODE = 'insufficient_privilege',
+				  DETAIL = CASE WHEN EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = owner_role)
+							THEN format('It belongs to role %s.', owner_role::regrole)
+							ELSE 'Its owner no longer exists; only a superuser may act for it.' END,
+				  HINT = 'Only its owner, members of the owner role and superusers may subscribe, '
+						 'replace or unsubscribe it, or mark events processed for it.';
+	END IF;
+END
+$$;
+
+/*
+ * subscribe: register (or replace) a subscription.  The consumer workers
+ * pick it up within obx.poll_interval.  The handler runs as the owner of
+ * the consumer name: the role that subscribed it first.
+ *
+ * obx.subscribe itself is a C function (src/consumer_sql.c) that passes
+ * its caller to obx._subscribe, which writes obx.subscriptions as the
+ * extension owner: nobody else may write that table, and a SECURITY
+ * DEFINER function cannot tell who called it.  obx._subscribe is granted
+ * to nobody, so caller cannot be forged.
+ */
+CREATE FUNCTION obx._subscribe(caller oid, consumer_name text, topics text[],
+							   handler regprocedure, options jsonb)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	fn pg_proc;
-	opt record;
-	reserved text[] := ARRAY['group.id', 'enable.auto.offset.store',
-							 'bootstrap.servers', 'enable.partition.eof'];
+	problem text[];
+	owner_role oid;
+	sub_owner oid;
 BEGIN
 	IF consumer_name IS NULL OR topics IS NULL OR handler IS NULL OR options IS NULL THEN
 		RAISE EXCEPTION 'obx.subscribe arguments must not be null'
@@ -281,51 +437,46 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 				  HINT = 'For example: CREATE FUNCTION app.on_order(e obx.inbound_event) RETURNS void ...';
 	END IF;
-	IF NOT has_function_privilege(current_user, handler, 'EXECUTE') THEN
+
+	/*
+	 * The consumer name is the caller's if nobody owns it yet; else the
+	 * caller must act for its owner.  A subscription row written directly
+	 * with another owner must be the caller's to replace, too.
+	 */
+	INSERT INTO obx.consumer_owners AS o (consumer_name, owner)
+	VALUES (_subscribe.consumer_name, caller)
+	ON CONFLICT DO NOTHING;
+	SELECT o.owner INTO owner_role FROM obx.consumer_owners o
+	 WHERE o.consumer_name = _subscribe.consumer_name FOR UPDATE;
+	PERFORM obx._check_consumer_owner(caller, consumer_name, owner_role);
+	IF NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = owner_role) THEN
+		/* Its owner was dropped: the superuser who got here takes it over. */
+		UPDATE obx.consumer_owners o SET owner = caller, claimed_at = now()
+		 WHERE o.consumer_name = _subscribe.consumer_name;
+		owner_role := caller;
+	END IF;
+	SELECT s.owner INTO sub_owner FROM obx.subscriptions s
+	 WHERE s.consumer_name = _subscribe.consumer_name FOR UPDATE;
+	IF FOUND AND sub_owner <> owner_role THEN
+		PERFORM obx._check_consumer_owner(caller, consumer_name, sub_owner);
+	END IF;
+
+	IF NOT has_function_privilege(caller, handler, 'EXECUTE')
+	   OR NOT has_function_privilege(owner_role, handler, 'EXECUTE') THEN
 		RAISE EXCEPTION 'permission denied for obx handler %', handler
 			USING ERRCODE = 'insufficient_privilege';
 	END IF;
 
-	IF jsonb_typeof(options) <> 'object' THEN
-		RAISE EXCEPTION 'obx subscription options must be a JSON object'
-			USING ERRCODE = 'invalid_parameter_value';
+	problem := obx._options_problem(options);
+	IF problem IS NOT NULL AND problem[3] IS NULL THEN
+		RAISE EXCEPTION USING ERRCODE = problem[1], MESSAGE = problem[2];
+	ELSIF problem IS NOT NULL THEN
+		RAISE EXCEPTION USING ERRCODE = problem[1], MESSAGE = problem[2], HINT = problem[3];
 	END IF;
-	FOR opt IN SELECT * FROM jsonb_each(options) LOOP
-		IF opt.key = 'kafka' THEN
-			IF jsonb_typeof(opt.value) <> 'object' OR EXISTS (
-				SELECT 1 FROM jsonb_each(opt.value) k WHERE jsonb_typeof(k.value) <> 'string') THEN
-				RAISE EXCEPTION 'obx subscription option "kafka" must be an object of string values'
-					USING ERRCODE = 'invalid_parameter_value',
-						  HINT = 'For example: {"kafka": {"session.timeout.ms": "10000"}}';
-			END IF;
-			IF EXISTS (SELECT 1 FROM jsonb_object_keys(opt.value) k WHERE k = ANY (reserved)) THEN
-				RAISE EXCEPTION 'obx sets %, it cannot be a subscription option',
-					array_to_string(reserved, ', ')
-					USING ERRCODE = 'invalid_parameter_value';
-			END IF;
-		ELSIF opt.key = 'start' THEN
-			IF opt.value NOT IN ('"earliest"', '"latest"') THEN
-				RAISE EXCEPTION 'obx subscription option "start" must be "earliest" or "latest"'
-					USING ERRCODE = 'invalid_parameter_value';
-			END IF;
-		ELSIF opt.key = 'retry_sqlstates' THEN
-			IF jsonb_typeof(opt.value) <> 'array' OR EXISTS (
-				SELECT 1 FROM jsonb_array_elements(opt.value) s
-				 WHERE jsonb_typeof(s) <> 'string' OR s #>> '{}' !~ '^[0-9A-Z]{5}$') THEN
-				RAISE EXCEPTION 'obx subscription option "retry_sqlstates" must be an array of SQLSTATE codes'
-					USING ERRCODE = 'invalid_parameter_value',
-						  HINT = 'For example: {"retry_sqlstates": ["P0001"]}';
-			END IF;
-		ELSE
-			RAISE EXCEPTION 'unknown obx subscription option "%"', opt.key
-				USING ERRCODE = 'invalid_parameter_value',
-					  HINT = 'Known options: kafka, start, retry_sqlstates.';
-		END IF;
-	END LOOP;
 
 	INSERT INTO obx.subscriptions AS s (consumer_name, topics, handler, options, owner)
-	VALUES (subscribe.consumer_name, subscribe.topics, subscribe.handler,
-			subscribe.options, current_user::regrole)
+	VALUES (_subscribe.consumer_name, _subscribe.topics, _subscribe.handler,
+			_subscribe.options, owner_role::regrole)
 	ON CONFLICT ON CONSTRAINT subscriptions_pkey DO UPDATE
 	   SET topics = excluded.topics, handler = excluded.handler,
 		   options = excluded.options, owner = excluded.owner, updated_at = now()
@@ -334,23 +485,101 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION obx.subscribe(consumer_name text, topics text[],
+							  handler regprocedure, options jsonb DEFAULT '{}')
+RETURNS void
+AS 'MODULE_PATHNAME', 'obx_subscribe'
+LANGUAGE C VOLATILE;
+
 COMMENT ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb) IS
 	'Consume these topics as consumer group consumer_name, calling handler once per new event';
 
-CREATE FUNCTION obx.unsubscribe(consumer_name text)
+CREATE FUNCTION obx._unsubscribe(caller oid, consumer_name text)
 RETURNS boolean
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-	WITH gone AS (
-		DELETE FROM obx.subscriptions s
-		 WHERE s.consumer_name = unsubscribe.consumer_name
-		RETURNING 1)
-	SELECT count(*) > 0 FROM gone;
+DECLARE
+	sub_owner oid;
+BEGIN
+	SELECT s.owner INTO sub_owner FROM obx.subscriptions s
+	 WHERE s.consumer_name = _unsubscribe.consumer_name FOR UPDATE;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	PERFORM obx._check_consumer_owner(caller, consumer_name, sub_owner);
+	DELETE FROM obx.subscriptions s WHERE s.consumer_name = _unsubscribe.consumer_name;
+	RETURN true;
+END
 $$;
+
+CREATE FUNCTION obx.unsubscribe(consumer_name text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'obx_unsubscribe'
+LANGUAGE C VOLATILE;
 
 COMMENT ON FUNCTION obx.unsubscribe(text) IS
 	'Stop consuming for this subscription (its dedupe history, progress and dead letters stay)';
+
+/*
+ * mark_processed: as in 1.0, and only for consumers the caller may act
+ * for (see obx.consumer_owners).  The first non-superuser to mark events
+ * for an unowned name claims it, so hand-written consumers need no setup.
+ * A C function passes its caller to obx._mark_processed, as subscribe
+ * does; the grants on obx.mark_processed survive the replacement.
+ */
+CREATE FUNCTION obx._mark_processed(caller oid, consumer_name text, event_id text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	inserted integer;
+	owner_role oid;
+BEGIN
+	IF consumer_name IS NULL THEN
+		RAISE EXCEPTION 'obx consumer name must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF event_id IS NULL THEN
+		RAISE EXCEPTION 'obx event id must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF consumer_name = '' THEN
+		RAISE EXCEPTION 'obx consumer name must not be empty'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF event_id = '' THEN
+		RAISE EXCEPTION 'obx event id must not be empty'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = caller), false) THEN
+		SELECT o.owner INTO owner_role FROM obx.consumer_owners o
+		 WHERE o.consumer_name = _mark_processed.consumer_name;
+		IF NOT FOUND THEN
+			INSERT INTO obx.consumer_owners AS o (consumer_name, owner)
+			VALUES (_mark_processed.consumer_name, caller)
+			ON CONFLICT DO NOTHING;
+			SELECT o.owner INTO owner_role FROM obx.consumer_owners o
+			 WHERE o.consumer_name = _mark_processed.consumer_name;
+		END IF;
+		PERFORM obx._check_consumer_owner(caller, consumer_name, owner_role);
+	END IF;
+	INSERT INTO obx.processed_events AS p (consumer_name, event_id)
+	VALUES (_mark_processed.consumer_name, _mark_processed.event_id)
+	ON CONFLICT DO NOTHING;
+	GET DIAGNOSTICS inserted = ROW_COUNT;
+	RETURN inserted = 1;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION obx.mark_processed(consumer_name text, event_id text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'obx_mark_processed'
+LANGUAGE C VOLATILE SECURITY INVOKER;
+
+COMMENT ON FUNCTION obx.mark_processed(text, text) IS
+	'Record that a consumer processed an event: true the first time, false for a duplicate; only for consumers the caller owns';
 
 /*
  * replay_dead_letter: run the subscription's current handler on dead
@@ -427,14 +656,24 @@ COMMENT ON FUNCTION obx.replay_dead_letter(bigint[]) IS
 COMMENT ON FUNCTION obx.replay_dead_letter(text) IS
 	'Apply every dead letter of this consumer not yet replayed; returns how many succeeded';
 
+/*
+ * Error texts (a handler's errors can quote the data it was given) are
+ * shown to pg_monitor members, superusers and the consumer's owner (and
+ * its members) only; others who may read the view see NULL there.
+ */
 CREATE VIEW obx.consumer_status AS
 SELECT p.consumer_name, p.topic, p.kafka_partition, p.next_offset,
 	   p.high_watermark,
 	   greatest(p.high_watermark - coalesce(p.next_offset, p.low_watermark), 0) AS lag,
 	   p.processed, p.duplicates, p.dead_lettered, p.retries,
-	   p.last_processed_at, p.last_error_class, p.last_error, p.last_error_at,
-	   p.watermarks_at
-  FROM obx.consumer_partitions p;
+	   p.last_processed_at, p.last_error_class,
+	   CASE WHEN pg_has_role('pg_monitor', 'USAGE')
+				 OR pg_has_role(coalesce(s.owner, o.owner), 'USAGE')
+			THEN p.last_error END AS last_error,
+	   p.last_error_at, p.watermarks_at
+  FROM obx.consumer_partitions p
+  LEFT JOIN obx.subscriptions s ON s.consumer_name = p.consumer_name
+  LEFT JOIN obx.consumer_owners o ON o.consumer_name = p.consumer_name;
 
 COMMENT ON VIEW obx.consumer_status IS
 	'Per consumer, topic and partition: position, lag, processed, duplicates, dead letters, retries, last error';
@@ -452,19 +691,35 @@ SELECT s.consumer_name, s.topics, s.handler, s.owner,
 	   max(c.last_processed_at) AS last_processed_at,
 	   (array_agg(c.last_error ORDER BY c.last_error_at DESC)
 		  FILTER (WHERE c.last_error IS NOT NULL))[1] AS last_error,
-	   max(c.last_error_at) AS last_error_at
+	   max(c.last_error_at) AS last_error_at,
+	   obx._subscription_problem(s) AS problem
   FROM obx.subscriptions s
   LEFT JOIN obx.consumer_status c ON c.consumer_name = s.consumer_name
 		AND c.topic = ANY (s.topics)
  GROUP BY s.consumer_name, s.topics, s.handler, s.owner;
 
 COMMENT ON VIEW obx.consumers IS
-	'One row per subscription: totals, lag, dead letters waiting for replay, last error';
+	'One row per subscription: totals, lag, dead letters waiting for replay, last error, and why the workers skip it (problem)';
 
+/*
+ * Privileges: nothing of the consumer is granted to PUBLIC.  A subscriber
+ * gets EXECUTE on subscribe and unsubscribe (and no privilege on the
+ * tables: every change goes through those functions, which check
+ * ownership); a hand-written consumer EXECUTE on mark_processed; an
+ * operator EXECUTE on replay_dead_letter and SELECT on dead_letters;
+ * monitoring SELECT on the views.  The obx._* functions are granted to
+ * nobody, but for obx._subscription_problem, which obx.consumers calls.
+ * See docs/security.md.
+ */
 REVOKE ALL ON obx.subscriptions, obx.consumer_partitions, obx.dead_letters,
-	obx.consumer_status, obx.consumers FROM PUBLIC;
+	obx.consumer_status, obx.consumers, obx.consumer_owners FROM PUBLIC;
 REVOKE ALL ON SEQUENCE obx.dead_letters_id_seq FROM PUBLIC;
 REVOKE ALL ON FUNCTION obx._subscription_owner() FROM PUBLIC;
 REVOKE ALL ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb),
 	obx.unsubscribe(text), obx.replay_dead_letter(bigint[]),
-	obx.replay_dead_letter(text) FROM PUBLIC;
+	obx.replay_dead_letter(text), obx._options_problem(jsonb),
+	obx._check_consumer_owner(oid, text, oid),
+	obx._subscribe(oid, text, text[], regprocedure, jsonb),
+	obx._unsubscribe(oid, text), obx._mark_processed(oid, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION obx.subscription_kafka_properties(),
+	obx._subscription_problem(obx.subscriptions) TO PUBLIC;

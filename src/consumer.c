@@ -56,7 +56,6 @@
 /* Messages handled per consumer before the others get a turn. */
 #define OBX_CONSUMER_FAIRNESS     200
 #define OBX_WATERMARK_INTERVAL_MS 1000
-#define OBX_ERROR_LOG_INTERVAL_MS 60000
 #define OBX_SEEK_TIMEOUT_MS       5000
 
 /* A partition held back by a transient failure. */
@@ -79,8 +78,6 @@ typedef struct Consumer
 	HeldPartition *held;
 	TimestampTz next_watermarks;
 	int64 watermarks_sum; /* of the last recorded watermarks */
-	char last_error[256];
-	TimestampTz last_error_logged;
 	struct Consumer *next;
 } Consumer;
 
@@ -93,29 +90,34 @@ static char *kafka_settings_seen = NULL;
 static char *
 kafka_settings(void)
 {
-	return psprintf("%s|%s", obx_brokers, obx_kafka_properties);
+	return psprintf("%s|%s|%s", obx_brokers, obx_kafka_properties,
+					obx_kafka_file_signature());
 }
 
 /*
  * Log a Kafka error of a consumer at most once a minute per distinct
- * message, since librdkafka repeats connection errors while brokers are
- * down.
+ * message (obx_log_allowed), since librdkafka repeats connection errors
+ * while brokers are down; the next line logged says how many were not.
  */
 static void
 note_kafka_error(Consumer *c, const char *what)
 {
-	TimestampTz now = GetCurrentTimestamp();
+	int64 suppressed;
 
-	if (strcmp(c->last_error, what) == 0 &&
-		!TimestampDifferenceExceeds(c->last_error_logged, now,
-									OBX_ERROR_LOG_INTERVAL_MS))
+	if (!obx_log_allowed(psprintf("kafka|%s|%s", c->sub.name, what), &suppressed))
 		return;
-	strlcpy(c->last_error, what, sizeof(c->last_error));
-	c->last_error_logged = now;
-	ereport(WARNING,
-			(errcode(ERRCODE_CONNECTION_FAILURE),
-			 errmsg("obx consumer %d, consumer group \"%s\": Kafka error: %s",
-					my_worker, c->sub.name, what)));
+	if (suppressed > 0)
+		ereport(WARNING,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("obx consumer %d, consumer group \"%s\": Kafka error: %s",
+						my_worker, c->sub.name, what),
+				 errdetail("%lld more like it since the last one logged.",
+						   (long long) suppressed)));
+	else
+		ereport(WARNING,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("obx consumer %d, consumer group \"%s\": Kafka error: %s",
+						my_worker, c->sub.name, what)));
 }
 
 static void
@@ -139,8 +141,23 @@ start_kafka_consumer(Consumer *c, char *errbuf, size_t errlen)
 	int i;
 
 	/*
-	 * obx's defaults first, then obx.kafka_properties, then the
-	 * subscription's own; the settings the guarantees rest on last.
+	 * Never apply a property a subscription may not set, whatever the row
+	 * says (obx.subscribe refuses them; see kafka_conf.c).
+	 */
+	for (i = 0; i < c->sub.nkafka; i++)
+		if (!obx_kafka_subscription_property_allowed(c->sub.kafka_names[i]))
+		{
+			snprintf(errbuf, errlen,
+					 "Kafka property \"%s\" cannot be set by an obx subscription",
+					 c->sub.kafka_names[i]);
+			rd_kafka_conf_destroy(conf);
+			return false;
+		}
+
+	/*
+	 * obx's defaults first, then obx.kafka_properties and
+	 * obx.kafka_properties_file, then the subscription's own; the settings
+	 * the guarantees rest on last.
 	 */
 	if (!obx_kafka_set(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
 		!obx_kafka_set(conf, "client.id", "obx-consumer", errbuf, errlen) ||
@@ -335,18 +352,25 @@ refresh_subscriptions(MemoryContext scratch)
 				running = true;
 		if (running)
 			continue;
-		if (subs[i].handler_missing)
+		if (subs[i].problem != NULL)
 		{
-			/* Say so once per change of the subscription. */
+			/*
+			 * Its owner or handler is gone, or the row holds what
+			 * obx.subscribe refuses: skip it, and say so once per change of
+			 * the subscription.  obx.consumers shows the problem too.
+			 */
 			c = MemoryContextAllocZero(TopMemoryContext, sizeof(Consumer));
 			c->cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer",
 										   ALLOCSET_SMALL_SIZES);
 			c->sub.name = MemoryContextStrdup(c->cxt, subs[i].name);
 			c->sub.signature = MemoryContextStrdup(c->cxt, subs[i].signature);
 			ereport(WARNING,
-					(errmsg("obx subscription \"%s\" is not consumed: its handler no longer exists",
-							subs[i].name),
-					 errhint("Create the function again, or call obx.subscribe with a new handler.")));
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("obx subscription \"%s\" is not consumed: %s",
+							subs[i].name, subs[i].problem),
+					 errhint(subs[i].handler_missing
+								 ? "Create the function again, or call obx.subscribe with a new handler."
+								 : "Fix it with obx.subscribe, or remove it with obx.unsubscribe; obx.consumers shows the problem.")));
 		}
 		else
 			c = new_consumer(&subs[i]);
@@ -702,6 +726,7 @@ process_reload(void)
 		return;
 	ConfigReloadPending = false;
 	ProcessConfigFile(PGC_SIGHUP);
+	obx_kafka_file_reread();
 	now = kafka_settings();
 	if (strcmp(now, kafka_settings_seen) != 0)
 	{

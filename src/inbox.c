@@ -177,7 +177,9 @@ text_array(Datum d, int *n)
 /*
  * obx_inbox_subscriptions
  *		Every subscription, in name order, allocated in the caller's
- *		memory context.
+ *		memory context.  A row the workers cannot serve (a bad row written
+ *		directly, an owner or handler gone) comes with its problem set and
+ *		nothing parsed from its options, so it cannot fail this read.
  */
 ObxSubscription *
 obx_inbox_subscriptions(int *count)
@@ -190,14 +192,20 @@ obx_inbox_subscriptions(int *count)
 	rc = SPI_execute(
 		"SELECT s.consumer_name, s.topics, s.handler::oid, s.owner::oid,"
 		"       p.oid IS NULL,"
-		"       coalesce(s.options->>'start', 'earliest'),"
-		"       ARRAY(SELECT k.key FROM jsonb_each_text(s.options->'kafka') k ORDER BY k.key),"
-		"       ARRAY(SELECT k.value FROM jsonb_each_text(s.options->'kafka') k ORDER BY k.key),"
-		"       ARRAY(SELECT jsonb_array_elements_text(s.options->'retry_sqlstates')),"
+		"       CASE WHEN q.problem IS NULL"
+		"            THEN coalesce(s.options->>'start', 'earliest') END,"
+		"       CASE WHEN q.problem IS NULL THEN"
+		"       ARRAY(SELECT k.key FROM jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
+		"       CASE WHEN q.problem IS NULL THEN"
+		"       ARRAY(SELECT k.value FROM jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
+		"       CASE WHEN q.problem IS NULL THEN"
+		"       ARRAY(SELECT jsonb_array_elements_text(s.options->'retry_sqlstates')) END,"
 		"       concat_ws('|', s.topics::text, s.handler::oid, s.owner::oid,"
-		"                 s.options::text, p.oid IS NULL)"
+		"                 s.options::text, p.oid IS NULL, q.problem),"
+		"       q.problem"
 		"  FROM obx.subscriptions s"
 		"  LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler"
+		"  CROSS JOIN LATERAL (SELECT obx._subscription_problem(s) AS problem) q"
 		" ORDER BY s.consumer_name",
 		true, 0);
 	if (rc != SPI_OK_SELECT)
@@ -221,6 +229,17 @@ obx_inbox_subscriptions(int *count)
 		s->handler = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
 		s->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 4, &isnull));
 		s->handler_missing = DatumGetBool(SPI_getbinval(tup, desc, 5, &isnull));
+		s->signature = TextDatumGetCString(SPI_getbinval(tup, desc, 10, &isnull));
+		(void) SPI_getbinval(tup, desc, 11, &isnull);
+		if (!isnull)
+		{
+			s->problem = TextDatumGetCString(SPI_getbinval(tup, desc, 11, &isnull));
+			s->start = pstrdup("earliest");
+			s->kafka_names = s->kafka_values = palloc0(sizeof(char *));
+			s->retry_sqlstates = palloc0(sizeof(int));
+			MemoryContextSwitchTo(spi);
+			continue;
+		}
 		s->start = TextDatumGetCString(SPI_getbinval(tup, desc, 6, &isnull));
 		s->kafka_names = text_array(SPI_getbinval(tup, desc, 7, &isnull), &s->nkafka);
 		s->kafka_values = text_array(SPI_getbinval(tup, desc, 8, &isnull), &nkafka_values);
@@ -233,7 +252,6 @@ obx_inbox_subscriptions(int *count)
 			if (strlen(c) == 5)
 				s->retry_sqlstates[j] = MAKE_SQLSTATE(c[0], c[1], c[2], c[3], c[4]);
 		}
-		s->signature = TextDatumGetCString(SPI_getbinval(tup, desc, 10, &isnull));
 		MemoryContextSwitchTo(spi);
 	}
 	obx_step_end(caller);
@@ -592,6 +610,26 @@ is_transient(const ObxSubscription *sub, int code)
 	return false;
 }
 
+/*
+ * Whether to log a message's trouble of this kind (class and SQLSTATE) for
+ * its subscription now: at most once a minute each (obx_log_allowed).
+ * *note is "" or says how many lines like it were kept back.
+ */
+static bool
+log_now(const ObxInbound *msg, const char *kind, int sqlstate, const char **note)
+{
+	int64 suppressed;
+
+	if (!obx_log_allowed(psprintf("consumer|%s|%s|%s", msg->sub->name, kind,
+								  sqlstate ? unpack_sql_state(sqlstate) : ""),
+						 &suppressed))
+		return false;
+	*note = suppressed == 0 ? ""
+							: psprintf(" (%lld more like it since the last one logged)",
+									   (long long) suppressed);
+	return true;
+}
+
 #define LOG_CONTEXT_FMT           "consumer group \"%s\", topic \"%s\", partition %d, offset %lld, event id %s"
 #define LOG_CONTEXT_ARGS(msg, id) (msg)->sub->name, (msg)->topic, (msg)->partition, \
 								  (long long) (msg)->offset, (id) ? (id) : "(none)"
@@ -614,6 +652,7 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 	PG_TRY();
 	{
 		InboundEvent ev;
+		const char *note;
 
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "obx could not connect to SPI");
@@ -630,11 +669,12 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 			{
 				record_dead_letter(msg, &ev, "malformed", NULL, ev.malformed_why);
 				result = OBX_INBOX_DEAD_LETTER;
-				ereport(WARNING,
-						(errmsg("obx consumer quarantined a malformed message: " LOG_CONTEXT_FMT,
-								LOG_CONTEXT_ARGS(msg, ev.event_id)),
-						 errdetail("Error class malformed: %s", ev.malformed_why),
-						 errhint("See obx.dead_letters; fix the row and call obx.replay_dead_letter.")));
+				if (log_now(msg, "malformed", 0, &note))
+					ereport(WARNING,
+							(errmsg("obx consumer quarantined a malformed message: " LOG_CONTEXT_FMT,
+									LOG_CONTEXT_ARGS(msg, ev.event_id)),
+							 errdetail("Error class malformed: %s%s", ev.malformed_why, note),
+							 errhint("See obx.dead_letters; fix the row and call obx.replay_dead_letter.")));
 			}
 			record_progress(msg, &ev, result,
 							result == OBX_INBOX_DEAD_LETTER ? "malformed" : NULL,
@@ -659,10 +699,11 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 			{
 				snprintf(errbuf, errlen, "handler error %s: %s",
 						 unpack_sql_state(edata->sqlerrcode), edata->message);
-				ereport(LOG,
-						(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
-								LOG_CONTEXT_ARGS(msg, ev.event_id)),
-						 errdetail("Error class transient: %s", errbuf)));
+				if (log_now(msg, "transient", edata->sqlerrcode, &note))
+					ereport(LOG,
+							(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
+									LOG_CONTEXT_ARGS(msg, ev.event_id)),
+							 errdetail("Error class transient: %s%s", errbuf, note)));
 				result = OBX_INBOX_RETRY;
 			}
 			else
@@ -674,11 +715,12 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 								   unpack_sql_state(edata->sqlerrcode), edata->message);
 				result = OBX_INBOX_DEAD_LETTER;
 				record_progress(msg, &ev, result, "handler", why);
-				ereport(WARNING,
-						(errmsg("obx consumer quarantined a message its handler rejected: " LOG_CONTEXT_FMT,
-								LOG_CONTEXT_ARGS(msg, ev.event_id)),
-						 errdetail("Error class handler: %s", why),
-						 errhint("See obx.dead_letters; after a fix, call obx.replay_dead_letter.")));
+				if (log_now(msg, "handler", edata->sqlerrcode, &note))
+					ereport(WARNING,
+							(errmsg("obx consumer quarantined a message its handler rejected: " LOG_CONTEXT_FMT,
+									LOG_CONTEXT_ARGS(msg, ev.event_id)),
+							 errdetail("Error class handler: %s%s", why, note),
+							 errhint("See obx.dead_letters; after a fix, call obx.replay_dead_letter.")));
 			}
 		}
 
@@ -694,6 +736,7 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 	PG_CATCH();
 	{
 		ErrorData *edata;
+		const char *note;
 
 		MemoryContextSwitchTo(caller);
 		edata = CopyErrorData();
@@ -701,10 +744,11 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 		AbortCurrentTransaction();
 		snprintf(errbuf, errlen, "obx error %s: %s",
 				 unpack_sql_state(edata->sqlerrcode), edata->message);
-		ereport(WARNING,
-				(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
-						LOG_CONTEXT_ARGS(msg, NULL)),
-				 errdetail("%s", errbuf)));
+		if (log_now(msg, "obx", edata->sqlerrcode, &note))
+			ereport(WARNING,
+					(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
+							LOG_CONTEXT_ARGS(msg, NULL)),
+					 errdetail("%s%s", errbuf, note)));
 		FreeErrorData(edata);
 		result = OBX_INBOX_RETRY;
 	}

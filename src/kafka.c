@@ -193,7 +193,8 @@ obx_kafka_set(rd_kafka_conf_t *conf, const char *name, const char *value,
  *		semicolons.  Used for the producer and the consumers alike.
  *
  * Errors name the entry and the property but never echo a value, since
- * values may be secrets and errors reach the log and obx.workers.
+ * values may be secrets and errors reach the log and obx.workers.  Then
+ * obx.kafka_properties_file (kafka_conf.c), where secrets belong.
  */
 bool
 obx_kafka_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
@@ -246,7 +247,7 @@ obx_kafka_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 			return false;
 		}
 	}
-	return true;
+	return obx_kafka_file_properties(conf, errbuf, errlen);
 }
 
 /*

@@ -29,6 +29,7 @@ PG_MODULE_MAGIC;
 
 char *obx_brokers = NULL;
 char *obx_kafka_properties = NULL;
+char *obx_kafka_properties_file = NULL;
 char *obx_topics = NULL;
 char *obx_database = NULL;
 int obx_workers = 2;
@@ -42,6 +43,7 @@ int obx_backoff_max_ms = 60000;
 int obx_delivery_timeout_ms = 30000;
 int obx_retention_s = 7 * 24 * 3600;
 int obx_processed_retention_s = 0;
+int obx_dead_letter_retention_s = 14 * 24 * 3600;
 int obx_max_payload_size = 900000;
 bool obx_quarantine_blocks_key = true;
 int obx_shutdown_timeout_ms = 5000;
@@ -91,6 +93,21 @@ define_gucs(void)
 							   "Semicolon-separated key=value pairs, e.g. "
 							   "security.protocol=SASL_SSL;sasl.username=u.",
 							   &obx_kafka_properties,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
+							   NULL, NULL, NULL);
+
+	/*
+	 * Secrets go here, not in obx.kafka_properties: PostgreSQL logs the new
+	 * value of a setting changed by a reload.  See src/kafka_conf.c.
+	 */
+	DefineCustomStringVariable("obx.kafka_properties_file",
+							   "librdkafka client properties file for secrets.",
+							   "name=value lines, # comments; applied after "
+							   "obx.kafka_properties by every producer and consumer. "
+							   "Must be readable by the server's OS user only.",
+							   &obx_kafka_properties_file,
 							   "",
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL,
@@ -237,6 +254,15 @@ define_gucs(void)
 							"plus the replay window you promise.",
 							&obx_processed_retention_s,
 							0, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.dead_letter_retention",
+							"How long obx.dead_letters keeps a dead letter.",
+							"Counted from when it failed, or was replayed; "
+							"0 keeps them forever.",
+							&obx_dead_letter_retention_s,
+							14 * 24 * 3600, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
 

@@ -14,6 +14,8 @@
  *	  status.c	worker status in shared memory and its SQL view
  *	  consumer.c	the consumer worker: subscriptions, librdkafka consumers
  *	  inbox.c	every statement the consumer runs: one transaction per message
+ *	  kafka_conf.c	who may set which librdkafka property; the properties file
+ *	  consumer_sql.c	subscribe, unsubscribe, mark_processed: who calls
  *
  *-------------------------------------------------------------------------
  */
@@ -45,6 +47,7 @@
 /* GUC variables (obx.c) */
 extern char *obx_brokers;
 extern char *obx_kafka_properties;
+extern char *obx_kafka_properties_file;
 extern char *obx_topics;
 extern char *obx_database;
 extern int obx_workers;
@@ -58,6 +61,7 @@ extern int obx_backoff_max_ms;
 extern int obx_delivery_timeout_ms;
 extern int obx_retention_s;
 extern int obx_processed_retention_s;
+extern int obx_dead_letter_retention_s;
 extern int obx_max_payload_size;
 extern bool obx_quarantine_blocks_key;
 extern int obx_shutdown_timeout_ms;
@@ -253,6 +257,11 @@ extern bool obx_kafka_set(struct rd_kafka_conf_s *conf, const char *name,
 						  const char *value, char *errbuf, size_t errlen);
 extern bool obx_kafka_user_properties(struct rd_kafka_conf_s *conf,
 									  char *errbuf, size_t errlen);
+extern bool obx_kafka_file_properties(struct rd_kafka_conf_s *conf,
+									  char *errbuf, size_t errlen);
+extern const char *obx_kafka_file_signature(void);
+extern void obx_kafka_file_reread(void);
+extern bool obx_kafka_subscription_property_allowed(const char *name);
 struct rd_kafka_s;
 extern struct rd_kafka_s *obx_kafka_new(int type, struct rd_kafka_conf_s *conf,
 										char *errbuf, size_t errlen);
@@ -276,6 +285,8 @@ typedef struct ObxSubscription
 	int nretry; /* options.retry_sqlstates, as error codes */
 	int *retry_sqlstates;
 	char *signature; /* everything above, to notice a change */
+	/* Why the workers cannot serve it (obx._subscription_problem), or NULL */
+	char *problem;
 } ObxSubscription;
 
 /* One Kafka message, as the consumer hands it to the inbox. */
@@ -320,5 +331,6 @@ extern void obx_status_set_state(int worker, ObxWorkerState state);
 extern void obx_status_batch_done(int worker, int published, int failed,
 								  const char *error);
 extern void obx_status_error(int worker, const char *error);
+extern bool obx_log_allowed(const char *what, int64 *suppressed);
 
 #endif /* OBX_H */

@@ -998,10 +998,57 @@ obx_outbox_analyze(void)
 }
 
 /*
+ * Dead letters (1.1) older than obx.dead_letter_retention: counted from
+ * the failure, or from the replay for a replayed one.  One that was never
+ * replayed is given up on, and the log says how many.
+ */
+static int64
+purge_dead_letters(void)
+{
+	Oid types[2] = {FLOAT8OID, INT4OID};
+	Datum args[2];
+	bool isnull;
+	int rc;
+	int64 unreplayed;
+
+	rc = SPI_execute("SELECT pg_catalog.to_regclass('obx.dead_letters') IS NOT NULL",
+					 true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1 ||
+		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
+									1, &isnull)))
+		return 0;
+	args[0] = Float8GetDatum((double) obx_dead_letter_retention_s);
+	args[1] = Int32GetDatum(OBX_PURGE_BATCH);
+	rc = SPI_execute_with_args(
+		"WITH gone AS ("
+		" DELETE FROM obx.dead_letters WHERE id IN ("
+		"  SELECT d.id FROM obx.dead_letters d"
+		"   WHERE COALESCE(d.replayed_at, d.failed_at)"
+		"         < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
+		"   ORDER BY d.id LIMIT $2)"
+		" RETURNING replayed_at)"
+		" SELECT pg_catalog.count(*), pg_catalog.count(*) FILTER (WHERE replayed_at IS NULL)"
+		"   FROM gone",
+		2, types, args, NULL, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "obx dead letter purge failed: %s", SPI_result_code_string(rc));
+	unreplayed = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 2, &isnull));
+	if (unreplayed > 0)
+		ereport(LOG,
+				(errmsg("obx purged %lld dead letters that were never replayed",
+						(long long) unreplayed),
+				 errdetail("They were older than obx.dead_letter_retention.")));
+	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
  * obx_outbox_purge
  *		Delete up to OBX_PURGE_BATCH published events older than
- *		obx.retention, and as many dedupe rows older than
- *		obx.processed_retention; returns how many rows went.
+ *		obx.retention, as many dedupe rows older than
+ *		obx.processed_retention, and as many dead letters older than
+ *		obx.dead_letter_retention; returns how many rows went.
  */
 int64
 obx_outbox_purge(void)
@@ -1012,7 +1059,8 @@ obx_outbox_purge(void)
 	Oid types[2] = {FLOAT8OID, INT4OID};
 	Datum args[2];
 
-	if (obx_retention_s == 0 && obx_processed_retention_s == 0)
+	if (obx_retention_s == 0 && obx_processed_retention_s == 0 &&
+		obx_dead_letter_retention_s == 0)
 		return 0;
 
 	caller = obx_step_begin("obx: purging old rows");
@@ -1043,6 +1091,8 @@ obx_outbox_purge(void)
 			elog(ERROR, "obx dedupe purge failed: %s", SPI_result_code_string(rc));
 		purged += SPI_processed;
 	}
+	if (obx_dead_letter_retention_s > 0)
+		purged += purge_dead_letters();
 	obx_step_end(caller);
 	return purged;
 }

@@ -76,8 +76,8 @@ attach_slot(void)
 static char *
 kafka_settings(void)
 {
-	return psprintf("%s|%s|%d", obx_brokers, obx_kafka_properties,
-					obx_delivery_timeout_ms);
+	return psprintf("%s|%s|%s|%d", obx_brokers, obx_kafka_properties,
+					obx_kafka_file_signature(), obx_delivery_timeout_ms);
 }
 
 /*
@@ -95,6 +95,7 @@ process_reload(void)
 	ConfigReloadPending = false;
 	before = kafka_settings();
 	ProcessConfigFile(PGC_SIGHUP);
+	obx_kafka_file_reread();
 	if (strcmp(before, kafka_settings()) != 0)
 	{
 		rebuild_producer = true;

@@ -9,9 +9,14 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_authid.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "obx.h"
@@ -124,12 +129,15 @@ events_per_second(const ObxWorkerSlot *slot, TimestampTz now)
 }
 
 /*
- * obx.worker_status(): one row per configured relay worker.
+ * obx.worker_status(): one row per configured relay worker.  Error texts
+ * can name brokers, topics and configuration: only superusers and members
+ * of pg_monitor see them; everyone else gets NULL in last_error.
  */
 Datum
 obx_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	bool see_errors = has_privs_of_role(GetUserId(), ROLE_PG_MONITOR);
 	int i;
 
 	InitMaterializedSRF(fcinfo, 0);
@@ -161,9 +169,65 @@ obx_worker_status(PG_FUNCTION_ARGS)
 		values[8] = TimestampTzGetDatum(copy.last_error_at);
 		nulls[8] = (copy.last_error_at == 0);
 		values[9] = CStringGetTextDatum(copy.last_error);
-		nulls[9] = (copy.last_error[0] == '\0');
+		nulls[9] = (copy.last_error[0] == '\0' || !see_errors);
 		values[10] = Float8GetDatum(events_per_second(&copy, GetCurrentTimestamp()));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
+}
+
+/*
+ * Repeated log lines.  A worker that meets the same trouble over and over
+ * (every message of a bad batch dead-lettered, a handler failing on every
+ * retry) logs it once per OBX_LOG_REPEAT_MS, and the next line it logs
+ * says how many it kept back.  Everything stays in the tables (dead
+ * letters, consumer_status); the log is only the alarm.
+ */
+#define OBX_LOG_REPEAT_MS 60000
+#define OBX_LOG_KEY_LEN   128
+
+typedef struct LogRepeat
+{
+	char key[OBX_LOG_KEY_LEN];
+	TimestampTz logged_at;
+	int64 suppressed;
+} LogRepeat;
+
+/*
+ * obx_log_allowed
+ *		Whether to log a line of kind what (e.g. the subscription, error
+ *		class and SQLSTATE) now; if so, *suppressed is how many of that
+ *		kind were not logged since the last one.  Per process.
+ */
+bool
+obx_log_allowed(const char *what, int64 *suppressed)
+{
+	static HTAB *seen = NULL;
+	char key[OBX_LOG_KEY_LEN];
+	LogRepeat *entry;
+	bool found;
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (seen == NULL)
+	{
+		HASHCTL ctl;
+
+		ctl.keysize = OBX_LOG_KEY_LEN;
+		ctl.entrysize = sizeof(LogRepeat);
+		ctl.hcxt = TopMemoryContext;
+		seen = hash_create("obx log repeats", 64, &ctl,
+						   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	}
+	memset(key, 0, sizeof(key));
+	strlcpy(key, what, sizeof(key));
+	entry = hash_search(seen, key, HASH_ENTER, &found);
+	if (found && !TimestampDifferenceExceeds(entry->logged_at, now, OBX_LOG_REPEAT_MS))
+	{
+		entry->suppressed++;
+		return false;
+	}
+	*suppressed = found ? entry->suppressed : 0;
+	entry->logged_at = now;
+	entry->suppressed = 0;
+	return true;
 }

@@ -4,7 +4,8 @@
 # that is not transient (a required field missing) are each dead-lettered
 # in obx.dead_letters with topic, partition, offset, consumer, error class
 # and message; the partition moves on (the messages after them are
-# handled); the log names the event and never shows the payload.  A
+# handled); the log names the first event of each error class (at most
+# one line a minute per class) and never shows the payload.  A
 # dead-lettered event delivered again is a duplicate, not a second dead
 # letter.  After the handler is fixed (CREATE OR REPLACE FUNCTION),
 # obx.replay_dead_letter applies each dead letter exactly once: a replay
@@ -125,10 +126,13 @@ is(q1(qq{SELECT string_agg(event_id, ' ' ORDER BY event_id COLLATE "C") FROM obx
 	'evt-dl-bad1 evt-dl-empty evt-dl-g1 evt-dl-g2 evt-dl-g3 evt-dl-h1 evt-dl-o1 evt-dl-tomb',
 	'every message with an event id is marked processed, dead letters included');
 
-# The log: one message per dead letter, naming consumer group, topic,
-# partition, offset, event id and error class (in the message or its
-# DETAIL), never the payload.  Our own statements, which the test
-# harness logs, are left out.
+# The log: a message naming consumer group, topic, partition, offset,
+# event id and error class (in the message or its DETAIL), never the
+# payload, for the first dead letter of each error class; the same trouble
+# of a subscription is logged at most once a minute (the next line counts
+# those kept back), so the other malformed ones, handled within a second
+# of the first, are in obx.dead_letters (checked above) and not each in
+# the log.  Our own statements, which the test harness logs, are left out.
 my @entries;
 for my $line (split /\n/, slurp_file($node->logfile))
 {
@@ -143,9 +147,7 @@ for my $line (split /\n/, slurp_file($node->logfile))
 	}
 }
 my @server = grep { !/ statement: / } @entries;
-for my $dl ([ 1, 'evt-dl-bad1', 'malformed' ], [ 2, undef, 'malformed' ],
-	[ 3, 'evt-dl-h1', 'handler' ], [ 4, 'evt-dl-tomb', 'malformed' ],
-	[ 5, 'evt-dl-empty', 'malformed' ])
+for my $dl ([ 1, 'evt-dl-bad1', 'malformed' ], [ 3, 'evt-dl-h1', 'handler' ])
 {
 	my ($offset, $id, $class) = @$dl;
 	my @hits = grep {
@@ -156,6 +158,8 @@ for my $dl ([ 1, 'evt-dl-bad1', 'malformed' ], [ 2, undef, 'malformed' ],
 		"the log names consumer group, topic, partition, offset, event id and error class of the dead letter at offset $offset")
 	  or diag(join("\n", grep { /dead|quarantin/i } @server));
 }
+cmp_ok(scalar(grep { /quarantined a malformed message/ } @server), '<', 4,
+	'the four malformed messages are not logged one by one');
 unlike(join("\n", @server), qr/SECRET/, 'the log never shows a payload');
 
 # The dead-lettered event delivered again, on the other partition: a

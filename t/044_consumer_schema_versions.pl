@@ -75,7 +75,6 @@ q1(qq{
 	GRANT USAGE ON ALL SEQUENCES IN SCHEMA shop TO shop_app;
 	GRANT USAGE ON SCHEMA obx TO shop_app;
 	GRANT EXECUTE ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb) TO shop_app;
-	GRANT SELECT, INSERT, UPDATE ON obx.subscriptions TO shop_app;
 	SET ROLE shop_app;
 	SELECT obx.subscribe('$consumer', ARRAY['$topic'],
 		'shop.reserve(obx.inbound_event)', '{"kafka": {"session.timeout.ms": "6000"}}');

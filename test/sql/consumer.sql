@@ -11,7 +11,7 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.processed_events;
+TRUNCATE obx.processed_events, obx.consumer_owners;
 
 -- An application's handler and its table.
 CREATE SCHEMA inv;
@@ -251,7 +251,7 @@ DROP ROLE regress_subscriber, regress_powerful;
 -- Clean up.
 SELECT obx.unsubscribe('inventory-reservation') AS existed;
 DELETE FROM obx.dead_letters;
-TRUNCATE obx.processed_events;
+TRUNCATE obx.processed_events, obx.consumer_owners;
 SET client_min_messages = warning;
 DROP SCHEMA inv CASCADE;
 RESET client_min_messages;
