@@ -316,10 +316,18 @@ BEGIN
 					USING ERRCODE = 'invalid_parameter_value',
 						  HINT = 'For example: {"retry_sqlstates": ["P0001"]}';
 			END IF;
+		ELSIF opt.key = 'handler_timeout_ms' THEN
+			IF CASE WHEN jsonb_typeof(opt.value) <> 'number' THEN true
+					ELSE opt.value::numeric <> trunc(opt.value::numeric)
+						 OR opt.value::numeric NOT BETWEEN 0 AND 2147483647 END THEN
+				RAISE EXCEPTION 'obx subscription option "handler_timeout_ms" must be a whole number of milliseconds from 0 to 2147483647'
+					USING ERRCODE = 'invalid_parameter_value',
+						  HINT = 'For example: {"handler_timeout_ms": 5000}; 0 means no limit.';
+			END IF;
 		ELSE
 			RAISE EXCEPTION 'unknown obx subscription option "%"', opt.key
 				USING ERRCODE = 'invalid_parameter_value',
-					  HINT = 'Known options: kafka, start, retry_sqlstates.';
+					  HINT = 'Known options: kafka, start, retry_sqlstates, handler_timeout_ms.';
 		END IF;
 	END LOOP;
 
@@ -351,6 +359,17 @@ $$;
 
 COMMENT ON FUNCTION obx.unsubscribe(text) IS
 	'Stop consuming for this subscription (its dedupe history, progress and dead letters stay)';
+
+/*
+ * _replay_handler: run the subscription's handler on one dead letter as
+ * the subscription's owner (never as the caller), in a security-restricted
+ * operation, with the subscription's handler timeout (src/inbox.c).
+ */
+CREATE FUNCTION obx._replay_handler(dead_letter_id bigint)
+RETURNS void
+AS 'MODULE_PATHNAME', 'obx_replay_handler'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp;
 
 /*
  * replay_dead_letter: run the subscription's current handler on dead
@@ -391,10 +410,7 @@ BEGIN
 			INSERT INTO obx.processed_events (consumer_name, event_id)
 			VALUES (d.consumer_name, d.event_id)
 			ON CONFLICT DO NOTHING;
-			EXECUTE format('SELECT %s($1)', fn::regproc)
-			USING ROW(d.event_id, d.event_type, d.topic, d.kafka_partition,
-					  d.kafka_offset, d.event_key, d.headers, d.payload,
-					  d.kafka_timestamp)::obx.inbound_event;
+			PERFORM obx._replay_handler(d.id);
 			UPDATE obx.dead_letters l
 			   SET replayed_at = now(), replay_attempts = l.replay_attempts + 1,
 				   last_replay_error = NULL
@@ -465,6 +481,7 @@ REVOKE ALL ON obx.subscriptions, obx.consumer_partitions, obx.dead_letters,
 	obx.consumer_status, obx.consumers FROM PUBLIC;
 REVOKE ALL ON SEQUENCE obx.dead_letters_id_seq FROM PUBLIC;
 REVOKE ALL ON FUNCTION obx._subscription_owner() FROM PUBLIC;
+REVOKE ALL ON FUNCTION obx._replay_handler(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb),
 	obx.unsubscribe(text), obx.replay_dead_letter(bigint[]),
 	obx.replay_dead_letter(text) FROM PUBLIC;

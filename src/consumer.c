@@ -737,6 +737,7 @@ obx_consumer_main(Datum main_arg)
 	BackgroundWorkerUnblockSignals();
 
 	BackgroundWorkerInitializeConnection(my_database, NULL, 0);
+	obx_worker_pin_settings();
 	pgstat_report_appname("obx consumer");
 
 	/*

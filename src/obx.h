@@ -222,6 +222,7 @@ struct _SPI_plan;
 extern MemoryContext obx_step_begin(const char *activity);
 extern void obx_step_end(MemoryContext caller);
 extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argtypes);
+extern void obx_worker_pin_settings(void);
 
 /* outbox.c: each call is one short transaction of its own */
 extern int obx_extension_state(const char *needed_relation);
@@ -275,7 +276,8 @@ typedef struct ObxSubscription
 	char **kafka_values;
 	int nretry; /* options.retry_sqlstates, as error codes */
 	int *retry_sqlstates;
-	char *signature; /* everything above, to notice a change */
+	int handler_timeout_ms; /* options.handler_timeout_ms; 0: none */
+	char *signature;        /* everything above, to notice a change */
 } ObxSubscription;
 
 /* One Kafka message, as the consumer hands it to the inbox. */
@@ -307,11 +309,25 @@ typedef enum ObxInboxResult
 /* consumer.c */
 extern PGDLLEXPORT void obx_consumer_main(Datum main_arg);
 
+/*
+ * A handler runs at most this long unless its subscription says otherwise
+ * (options.handler_timeout_ms).
+ */
+#define OBX_HANDLER_TIMEOUT_MS 30000
+
+/*
+ * An event id longer than this (in bytes) is malformed: it could not be
+ * recorded in obx.processed_events, whose index has a size limit.
+ */
+#define OBX_MAX_EVENT_ID_LEN 512
+
 /* inbox.c: each call is one transaction of its own */
 extern ObxSubscription *obx_inbox_subscriptions(int *count);
 extern ObxInboxResult obx_inbox_handle(const ObxInbound *msg,
 									   char *errbuf, size_t errlen);
 extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
+extern void obx_call_handler(Oid handler, Oid owner, Datum event,
+							 int timeout_ms);
 extern void obx_inbox_watermarks(const char *consumer, int n, char **topics,
 								 int32 *partitions, int64 *lows, int64 *highs);
 
