@@ -317,9 +317,9 @@ BEGIN
 						  HINT = 'For example: {"retry_sqlstates": ["P0001"]}';
 			END IF;
 		ELSIF opt.key = 'handler_timeout_ms' THEN
-			IF CASE WHEN jsonb_typeof(opt.value) <> 'number' THEN true
-					ELSE opt.value::numeric <> trunc(opt.value::numeric)
-						 OR opt.value::numeric NOT BETWEEN 0 AND 2147483647 END THEN
+			IF (CASE WHEN jsonb_typeof(opt.value) <> 'number' THEN true
+					 ELSE opt.value::numeric <> trunc(opt.value::numeric)
+						  OR opt.value::numeric NOT BETWEEN 0 AND 2147483647 END) THEN
 				RAISE EXCEPTION 'obx subscription option "handler_timeout_ms" must be a whole number of milliseconds from 0 to 2147483647'
 					USING ERRCODE = 'invalid_parameter_value',
 						  HINT = 'For example: {"handler_timeout_ms": 5000}; 0 means no limit.';

@@ -688,9 +688,10 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	 * The batch: the events in seq order, until their payloads pass the
 	 * cap, read through a cursor a few at a time, so that what the worker
 	 * holds is bounded by the cap and not by obx.batch_size times the
-	 * payload size.  Each fetch takes no more events than fit in the cap's
-	 * room plus one cap at obx.max_payload_size each.  Events read past
-	 * the cap are left for the next claim, as a LIMIT would.
+	 * payload size.  Each fetch takes no more events than fit in what is
+	 * left of the cap at obx.max_payload_size each, plus one, so a claim
+	 * reads about the cap plus one payload at most.  Events read past the
+	 * cap are left for the next claim, as a LIMIT would.
 	 */
 	max_events = obx_batch_size;
 	room = Min(max_events, 64);
@@ -705,7 +706,7 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	n = 0;
 	for (;;)
 	{
-		int64 fit = (2 * (int64) OBX_BATCH_BYTES - bytes) / Max(obx_max_payload_size, 1);
+		int64 fit = ((int64) OBX_BATCH_BYTES - bytes) / Max(obx_max_payload_size, 1) + 1;
 		uint64 fetched;
 
 		SPI_cursor_fetch(portal, true, (long) Max(1, Min(fit, (int64) (max_events - n))));

@@ -68,7 +68,7 @@ wait_caught_up($node, $consumer, $topic, partition_ends($mock, $topic), 'three m
 
 my $default_work_mem = q1('SELECT pg_catalog.current_setting(\'work_mem\')');
 is(q1(q{SELECT pg_catalog.string_agg(event_id || ': ' || who || ' | ' || path || ' | '
-				|| coalesce(marker, '-') || ' | ' || work_mem, E'\n' ORDER BY n)
+				|| coalesce(nullif(marker, ''), '-') || ' | ' || work_mem, E'\n' ORDER BY n)
 		  FROM mallory.calls}),
 	join("\n", map { "r-$_: mallory | pg_catalog, pg_temp | - | $default_work_mem" } 1 .. 3),
 	'each call ran as mallory with search_path pg_catalog, pg_temp and none of the settings the previous call made');
