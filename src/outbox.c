@@ -183,7 +183,7 @@ static const char *failed_sql =
 	"UPDATE obx.outbox_events e"
 	"   SET last_error = f.msg, last_error_class = f.cls, last_error_at = pg_catalog.now(),"
 	"       failures = f.failures, attempts = e.attempts + 1,"
-	"       quarantined_at = CASE WHEN f.quarantine THEN now() END,"
+	"       quarantined_at = CASE WHEN f.quarantine THEN pg_catalog.now() END,"
 	"       next_attempt_at = CASE WHEN f.quarantine THEN '-infinity'"
 	"           ELSE pg_catalog.now() + pg_catalog.make_interval(secs =>"
 	"               least($4::pg_catalog.float8,"
