@@ -58,6 +58,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -106,7 +107,7 @@ static const char *claim_sql =
 	"     AND (b.next_attempt_at > pg_catalog.now()"
 	"          OR (b.quarantined_at IS NOT NULL AND $1))"
 	")"
-	"SELECT e.seq, e.id, e.topic, e.event_key, e.payload::pg_catalog.text AS payload,"
+	"SELECT e.seq, e.id, e.topic, e.event_key, e.payload,"
 	"       e.event_type, e.attempts,"
 	"       CASE WHEN e.headers IS NOT NULL THEN"
 	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
@@ -547,8 +548,25 @@ claim_copy_event(ObxEvent *ev, HeapTuple tup, TupleDesc desc,
 			sizeof(ev->id_text));
 	ev->topic = copy_value(tup, desc, 3);
 	ev->key = copy_value(tup, desc, 4);
-	ev->payload = copy_value(tup, desc, 5);
-	ev->payload_len = strlen(ev->payload);
+	{
+		Datum stored = SPI_getbinval(tup, desc, 5, &isnull);
+		Jsonb *payload = DatumGetJsonbP(stored);
+		StringInfoData text;
+
+		/* What payload::text gives; the detoasted copy is freed at once. */
+		initStringInfo(&text);
+		(void) JsonbToCString(&text, &payload->root, VARSIZE(payload));
+		if ((Pointer) payload != DatumGetPointer(stored))
+			pfree(payload);
+		ev->payload_len = text.len;
+		ev->payload = text.data;
+		/* The buffer grew by doubling: keep no more than the text. */
+		if (text.maxlen > text.len + text.len / 4 + 1024)
+		{
+			ev->payload = pnstrdup(text.data, text.len);
+			pfree(text.data);
+		}
+	}
 	ev->event_type = copy_value(tup, desc, 6);
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull)) + 1;
 	copy_headers(ev, tup, desc, 8);
@@ -589,8 +607,8 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 						  Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
 	Datum args[2];
 	int rc;
-	uint64 i;
 	uint64 n;
+	uint64 nrows;
 	int64 bytes = 0;
 	int64 lease_id;
 	bool isnull;
@@ -604,10 +622,6 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	Datum *ids;
 	Datum *topics;
 	Datum *keys;
-	Portal portal;
-	int max_events;
-	int room;
-	bool capped = false;
 
 	prepare_plans();
 
@@ -679,69 +693,40 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	visible_upto = GetXLogInsertRecPtr();
 	settled = obx_async_commits_settled(&flush_upto);
-	PushActiveSnapshot(snapshot);
-	portal = SPI_cursor_open(NULL, claim_plan, args, NULL, true);
-	PopActiveSnapshot();
+	rc = SPI_execute_snapshot(claim_plan, args, NULL, snapshot, InvalidSnapshot,
+							  true, false, 0);
 	UnregisterSnapshot(snapshot);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx claim failed: %s", SPI_result_code_string(rc));
 
 	/*
 	 * The batch: the events in seq order, until their payloads pass the
-	 * cap, read through a cursor a few at a time, so that what the worker
-	 * holds is bounded by the cap and not by obx.batch_size times the
-	 * payload size.  Each fetch takes no more events than fit in what is
-	 * left of the cap at obx.max_payload_size each, plus one, so a claim
-	 * reads about the cap plus one payload at most.  Events read past the
-	 * cap are left for the next claim, as a LIMIT would.
+	 * cap.  The claim returns each payload as stored (jsonb, a TOAST
+	 * pointer when it is large), and only the events taken into the batch
+	 * are read and turned into text, so what the worker holds is bounded
+	 * by the cap plus one payload, not by obx.batch_size times the payload
+	 * size.
 	 */
-	max_events = obx_batch_size;
-	room = Min(max_events, 64);
-	ids = palloc(sizeof(Datum) * room);
-	topics = palloc(sizeof(Datum) * room);
-	keys = palloc(sizeof(Datum) * room);
+	nrows = SPI_processed;
+	ids = palloc(sizeof(Datum) * Max(nrows, 1));
+	topics = palloc(sizeof(Datum) * Max(nrows, 1));
+	keys = palloc(sizeof(Datum) * Max(nrows, 1));
 	batch->lease_id = lease_id;
 	batch->in_flight = 0;
 	batch->retry_at = 0;
-	batch->events = MemoryContextAllocZero(caller, sizeof(ObxEvent) * room);
-
+	batch->events = nrows > 0 ? MemoryContextAllocZero(caller, sizeof(ObxEvent) * nrows)
+							  : NULL;
 	n = 0;
-	for (;;)
+	while (n < nrows && bytes < OBX_BATCH_BYTES)
 	{
-		int64 fit = ((int64) OBX_BATCH_BYTES - bytes) / Max(obx_max_payload_size, 1) + 1;
-		uint64 fetched;
-
-		SPI_cursor_fetch(portal, true, (long) Max(1, Min(fit, (int64) (max_events - n))));
-		fetched = SPI_processed;
-		if (n + fetched > room)
-		{
-			int old_room = room;
-
-			room = (int) Min((uint64) max_events, Max(n + fetched, (uint64) room * 2));
-			ids = repalloc(ids, sizeof(Datum) * room);
-			topics = repalloc(topics, sizeof(Datum) * room);
-			keys = repalloc(keys, sizeof(Datum) * room);
-			batch->events = repalloc(batch->events, sizeof(ObxEvent) * room);
-			memset(&batch->events[old_room], 0, sizeof(ObxEvent) * (room - old_room));
-		}
-		for (i = 0; i < fetched && bytes < OBX_BATCH_BYTES; i++)
-		{
-			bytes += claim_copy_event(&batch->events[n], SPI_tuptable->vals[i],
-									  SPI_tuptable->tupdesc, caller,
-									  &ids[n], &topics[n], &keys[n],
-									  settled, &last_xmin, &flush_upto);
-			n++;
-		}
-		SPI_freetuptable(SPI_tuptable);
-		if (fetched == 0 || n >= (uint64) max_events)
-			break;
-		if (bytes >= OBX_BATCH_BYTES)
-		{
-			capped = true;
-			break;
-		}
+		bytes += claim_copy_event(&batch->events[n], SPI_tuptable->vals[n],
+								  SPI_tuptable->tupdesc, caller,
+								  &ids[n], &topics[n], &keys[n],
+								  settled, &last_xmin, &flush_upto);
+		n++;
 	}
-	SPI_cursor_close(portal);
 	batch->nevents = (int) n;
-	batch->full = n >= (uint64) max_events || capped;
+	batch->full = nrows >= (uint64) obx_batch_size || n < nrows;
 
 	if (n > 0)
 	{
