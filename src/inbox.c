@@ -608,6 +608,7 @@ obx_call_handler(Oid handler, Oid owner, Datum event, int timeout_ms)
 	Oid save_user;
 	int save_sec;
 	int save_nestlevel;
+	char *name;
 	LOCAL_FCINFO(fcinfo, 1);
 
 	if (handler_timeout_id == MAX_TIMEOUTS)
@@ -625,6 +626,8 @@ obx_call_handler(Oid handler, Oid owner, Datum event, int timeout_ms)
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("role \"%s\" may not execute the obx handler %s",
 						GetUserNameFromId(owner, true), format_procedure(handler))));
+	/* Its name for the timeout's error, looked up while nothing failed. */
+	name = format_procedure(handler);
 	fmgr_info(handler, &flinfo);
 	InitFunctionCallInfoData(*fcinfo, &flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = event;
@@ -657,7 +660,7 @@ obx_call_handler(Oid handler, Oid owner, Datum event, int timeout_ms)
 		ereport(ERROR,
 				(errcode(ERRCODE_QUERY_CANCELED),
 				 errmsg("obx handler %s ran longer than its timeout of %d ms and was cancelled",
-						format_procedure(handler), timeout_ms),
+						name, timeout_ms),
 				 errhint("Raise the subscription's option handler_timeout_ms if the handler needs more time.")));
 	}
 	PG_END_TRY();
