@@ -738,6 +738,7 @@ obx_consumer_main(Datum main_arg)
 
 	BackgroundWorkerInitializeConnection(my_database, NULL, 0);
 	obx_worker_pin_settings();
+	obx_inbox_attach(my_worker);
 	pgstat_report_appname("obx consumer");
 
 	/*

@@ -564,6 +564,16 @@ typedef struct HandlerArgs
 /* The timer that stops a handler, registered once per process. */
 static TimeoutId handler_timeout_id = MAX_TIMEOUTS;
 static volatile sig_atomic_t handler_timed_out = false;
+static volatile sig_atomic_t handler_cancels = 0;
+
+/*
+ * A consumer worker whose handler is still running this many cancels (one
+ * a second) after its timeout ends itself (see handler_timeout_fired).
+ */
+#define OBX_HANDLER_GRACE_CANCELS 5
+
+/* This consumer worker's slot in shared memory; NULL outside one (a replay). */
+static ObxHandlerSlot *my_handler_slot = NULL;
 
 /* Whether the last obx_call_handler ended by its timeout. */
 static bool handler_timeout_hit = false;
@@ -577,6 +587,16 @@ static void
 handler_timeout_fired(void)
 {
 	handler_timed_out = true;
+
+	/*
+	 * A handler that catches query_canceled and goes on would hold the
+	 * worker, and every subscription it serves, forever.  The consumer
+	 * worker then ends (FATAL, restarted by the postmaster); its successor
+	 * finds the message in its slot and dead-letters it without calling the
+	 * handler again (obx_inbox_attach).
+	 */
+	if (my_handler_slot != NULL && ++handler_cancels > OBX_HANDLER_GRACE_CANCELS)
+		ProcDiePending = true;
 	InterruptPending = true;
 	QueryCancelPending = true;
 	SetLatch(MyLatch);
@@ -635,6 +655,7 @@ obx_call_handler(Oid handler, Oid owner, Datum event, int timeout_ms)
 
 	handler_timed_out = false;
 	handler_timeout_hit = false;
+	handler_cancels = 0;
 	if (timeout_ms > 0)
 		enable_timeout_every(handler_timeout_id,
 							 TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
@@ -718,6 +739,95 @@ call_handler(void *arg)
 }
 
 /*
+ * obx_inbox_attach
+ *		Take consumer worker number worker's slot.  When the previous
+ *		worker of that number ended during a handler call (a handler that
+ *		would not stop after its timeout, see handler_timeout_fired), keep
+ *		that message as the slot's victim: whichever worker gets it next
+ *		dead-letters it without calling the handler.
+ */
+void
+obx_inbox_attach(int worker)
+{
+	ObxHandlerSlot *slot = &obx_shared->handlers[worker];
+
+	if (slot->active)
+	{
+		slot->victim = slot->current;
+		slot->killed = true;
+		slot->active = false;
+		ereport(LOG,
+				(errmsg("obx consumer %d: its previous worker ended while the handler of consumer group \"%s\" ran on topic \"%s\" partition %d offset %lld",
+						worker, slot->victim.consumer, slot->victim.topic,
+						slot->victim.partition, (long long) slot->victim.offset),
+				 errdetail("The message is dead-lettered without calling the handler again.")));
+	}
+	my_handler_slot = slot;
+}
+
+static void
+enter_handler(const ObxInbound *msg)
+{
+	if (my_handler_slot == NULL)
+		return;
+	strlcpy(my_handler_slot->current.consumer, msg->sub->name,
+			sizeof(my_handler_slot->current.consumer));
+	strlcpy(my_handler_slot->current.topic, msg->topic,
+			sizeof(my_handler_slot->current.topic));
+	my_handler_slot->current.partition = msg->partition;
+	my_handler_slot->current.offset = msg->offset;
+	my_handler_slot->active = true;
+}
+
+static void
+leave_handler(void)
+{
+	if (my_handler_slot != NULL)
+		my_handler_slot->active = false;
+}
+
+/*
+ * Whether a consumer worker ended while this message's handler ran; the
+ * mark is cleared, so only one worker dead-letters the message.
+ */
+static bool
+ended_a_worker(const ObxInbound *msg)
+{
+	int i;
+
+	if (my_handler_slot == NULL)
+		return false;
+	for (i = 0; i < OBX_MAX_WORKERS; i++)
+	{
+		ObxHandlerSlot *slot = &obx_shared->handlers[i];
+
+		if (slot->killed && slot->victim.partition == msg->partition &&
+			slot->victim.offset == msg->offset &&
+			strcmp(slot->victim.topic, msg->topic) == 0 &&
+			strcmp(slot->victim.consumer, msg->sub->name) == 0)
+		{
+			slot->killed = false;
+			return true;
+		}
+	}
+	return false;
+}
+
+static ErrorData *
+ended_a_worker_error(const ObxInbound *msg)
+{
+	ErrorData *edata = palloc0(sizeof(ErrorData));
+
+	edata->elevel = ERROR;
+	edata->sqlerrcode = ERRCODE_QUERY_CANCELED;
+	edata->message = psprintf("obx handler %s did not stop after its timeout of %d ms, and its consumer worker was restarted",
+							  format_procedure(msg->sub->handler),
+							  msg->sub->handler_timeout_ms);
+	handler_timeout_hit = true;
+	return edata;
+}
+
+/*
  * The error classes retried without moving the offset: serialization
  * failures and deadlocks (class 40), lock and statement timeouts, lost
  * connections (class 08), exhausted resources (class 53), and whatever
@@ -796,7 +906,16 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 		else
 		{
 			HandlerArgs args = {msg, &ev};
-			ErrorData *edata = in_subtransaction(call_handler, &args);
+			ErrorData *edata;
+
+			if (ended_a_worker(msg))
+				edata = ended_a_worker_error(msg);
+			else
+			{
+				enter_handler(msg);
+				edata = in_subtransaction(call_handler, &args);
+				leave_handler();
+			}
 
 			if (edata == NULL)
 			{

@@ -105,6 +105,27 @@ typedef struct ObxWorkerSlot
 	int64 prev_window_published;
 } ObxWorkerSlot;
 
+/*
+ * The message whose handler a consumer worker is running, so that its
+ * successor knows when a handler ended the worker (see inbox.c).  Written
+ * only by the worker of that number; read by every consumer worker.
+ */
+typedef struct ObxHandlerMessage
+{
+	char consumer[201];
+	char topic[250];
+	int32 partition;
+	int64 offset;
+} ObxHandlerMessage;
+
+typedef struct ObxHandlerSlot
+{
+	bool active;               /* a handler call is under way on current */
+	ObxHandlerMessage current; /* the message of that call */
+	bool killed;               /* the previous worker ended during a call */
+	ObxHandlerMessage victim;  /* the message of that call */
+} ObxHandlerSlot;
+
 typedef struct ObxShared
 {
 	int nworkers;
@@ -136,6 +157,7 @@ typedef struct ObxShared
 	 */
 	pg_atomic_uint64 last_claim_at;
 	ObxWorkerSlot workers[OBX_MAX_WORKERS];
+	ObxHandlerSlot handlers[OBX_MAX_WORKERS]; /* per consumer worker */
 } ObxShared;
 
 extern ObxShared *obx_shared;
@@ -328,6 +350,7 @@ extern ObxInboxResult obx_inbox_handle(const ObxInbound *msg,
 extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
 extern void obx_call_handler(Oid handler, Oid owner, Datum event,
 							 int timeout_ms);
+extern void obx_inbox_attach(int worker);
 extern void obx_inbox_watermarks(const char *consumer, int n, char **topics,
 								 int32 *partitions, int64 *lows, int64 *highs);
 

@@ -3,8 +3,11 @@
 # worker around each call: the call is cancelled when it passes, the
 # message is dead-lettered at once (error class handler, SQLSTATE 57014),
 # and the next message is applied.  The handler's own statement_timeout
-# setting does not matter.  Bad values of the option are refused by
-# obx.subscribe.
+# setting does not matter.  A handler that catches query_canceled and goes
+# on looping is cancelled again every second; five seconds on, the worker
+# ends itself and its successor dead-letters the message without calling
+# the handler again, and the next message is applied.  Bad values of the
+# option are refused by obx.subscribe.
 use strict;
 use warnings;
 
@@ -37,6 +40,15 @@ q1(q{
 				PERFORM pg_catalog.pg_sleep(0.05);
 			END LOOP;
 		END IF;
+		IF e.payload->>'loop' = 'stubborn' THEN
+			LOOP
+				BEGIN
+					PERFORM pg_catalog.pg_sleep(0.05);
+				EXCEPTION WHEN query_canceled THEN
+					NULL;
+				END;
+			END LOOP;
+		END IF;
 		PERFORM shop.record(e);
 	END $$;
 });
@@ -52,7 +64,7 @@ for my $bad ('-1', '"1000"', '1.5', '{}', '2147483648')
 }
 
 q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'], 'shop.reserve(obx.inbound_event)',
-	'{"handler_timeout_ms": 1000}')});
+	'{"handler_timeout_ms": 1000, "kafka": {"session.timeout.ms": "6000"}}')});
 
 produce($mock, $topic,
 	{ partition => 0, key => 'a', headers => [ event_id => 'to-1' ], payload => '{"loop": "no"}' },
@@ -77,5 +89,24 @@ produce($mock, $topic,
 	{ partition => 0, key => 'd', headers => [ event_id => 'to-3' ], payload => '{"loop": "no"}' });
 wait_caught_up($node, $consumer, $topic, partition_ends($mock, $topic), 'a later message');
 is(effects_per_event($node)->{'to-3'}, 1, 'a later message was applied');
+
+# A handler that catches the cancel.
+my ($pid) = @{ consumer_pids($node) };
+produce($mock, $topic,
+	{ partition => 0, key => 'e', headers => [ event_id => 'to-stubborn' ], payload => '{"loop": "stubborn"}' },
+	{ partition => 0, key => 'f', headers => [ event_id => 'to-4' ], payload => '{"loop": "no"}' });
+wait_caught_up($node, $consumer, $topic, partition_ends($mock, $topic),
+	'the handler that caught the cancel was stopped and the next message applied');
+is(effects_per_event($node)->{'to-4'}, 1, 'the message after it was applied once');
+is(q1(qq{SELECT error_class || ' ' || error_sqlstate FROM obx.dead_letters
+		  WHERE consumer_name = '$consumer' AND event_id = 'to-stubborn'}),
+	'handler 57014', 'the stubborn one is a dead letter: class handler, SQLSTATE 57014');
+like(q1(qq{SELECT error_message FROM obx.dead_letters
+		    WHERE consumer_name = '$consumer' AND event_id = 'to-stubborn'}),
+	qr/did not stop after its timeout of 1000 ms, and its consumer worker was restarted/,
+	'its error says the worker was restarted');
+isnt(consumer_pids($node)->[0], $pid, 'the consumer worker was restarted');
+is(q1(qq{SELECT count(*) FROM obx.dead_letters WHERE consumer_name = '$consumer'}), '2',
+	'two dead letters in all');
 
 done_testing();
