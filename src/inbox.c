@@ -25,6 +25,11 @@
  * committed (with synchronous_commit on), so a crash between the two
  * re-delivers the message, and step 2 makes it a duplicate.
  *
+ * Every handler call, the worker's and obx.replay_dead_letter's (through
+ * the SQL-callable obx._replay_handler here), goes through
+ * obx_call_handler: as the subscription's owner, security-restricted,
+ * inside a GUC nest level, under the subscription's handler_timeout_ms.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

@@ -13,7 +13,8 @@
  *	  enqueue.c	SQL-callable functions: enqueue and the commit wake-up
  *	  status.c	worker status in shared memory and its SQL view
  *	  consumer.c	the consumer worker: subscriptions, librdkafka consumers
- *	  inbox.c	every statement the consumer runs: one transaction per message
+ *	  inbox.c	every statement the consumer runs: one transaction per message;
+ *				every handler call (obx_call_handler, obx._replay_handler)
  *
  *-------------------------------------------------------------------------
  */
