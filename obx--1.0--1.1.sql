@@ -332,9 +332,17 @@ BEGIN
 					'obx subscription option "retry_sqlstates" must be an array of SQLSTATE codes',
 					'For example: {"retry_sqlstates": ["P0001"]}'];
 			END IF;
+		ELSIF opt.key = 'handler_timeout_ms' THEN
+			IF (CASE WHEN jsonb_typeof(opt.value) <> 'number' THEN true
+					 ELSE opt.value::numeric <> trunc(opt.value::numeric)
+						  OR opt.value::numeric NOT BETWEEN 0 AND 2147483647 END) THEN
+				RETURN ARRAY['22023',
+					'obx subscription option "handler_timeout_ms" must be a whole number of milliseconds from 0 to 2147483647',
+					'For example: {"handler_timeout_ms": 5000}; 0 means no limit.'];
+			END IF;
 		ELSE
 			RETURN ARRAY['22023', format('unknown obx subscription option "%s"', opt.key),
-						 'Known options: kafka, start, retry_sqlstates.'];
+						 'Known options: kafka, start, retry_sqlstates, handler_timeout_ms.'];
 		END IF;
 	END LOOP;
 	RETURN NULL;
@@ -582,6 +590,17 @@ COMMENT ON FUNCTION obx.mark_processed(text, text) IS
 	'Record that a consumer processed an event: true the first time, false for a duplicate; only for consumers the caller owns';
 
 /*
+ * _replay_handler: run the subscription's handler on one dead letter as
+ * the subscription's owner (never as the caller), in a security-restricted
+ * operation, with the subscription's handler timeout (src/inbox.c).
+ */
+CREATE FUNCTION obx._replay_handler(dead_letter_id bigint)
+RETURNS void
+AS 'MODULE_PATHNAME', 'obx_replay_handler'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp;
+
+/*
  * replay_dead_letter: run the subscription's current handler on dead
  * letters, in the caller's transaction, each in a subtransaction of its
  * own.  One that fails again stays a dead letter with the new error.
@@ -620,10 +639,7 @@ BEGIN
 			INSERT INTO obx.processed_events (consumer_name, event_id)
 			VALUES (d.consumer_name, d.event_id)
 			ON CONFLICT DO NOTHING;
-			EXECUTE format('SELECT %s($1)', fn::regproc)
-			USING ROW(d.event_id, d.event_type, d.topic, d.kafka_partition,
-					  d.kafka_offset, d.event_key, d.headers, d.payload,
-					  d.kafka_timestamp)::obx.inbound_event;
+			PERFORM obx._replay_handler(d.id);
 			UPDATE obx.dead_letters l
 			   SET replayed_at = now(), replay_attempts = l.replay_attempts + 1,
 				   last_replay_error = NULL
@@ -715,6 +731,7 @@ REVOKE ALL ON obx.subscriptions, obx.consumer_partitions, obx.dead_letters,
 	obx.consumer_status, obx.consumers, obx.consumer_owners FROM PUBLIC;
 REVOKE ALL ON SEQUENCE obx.dead_letters_id_seq FROM PUBLIC;
 REVOKE ALL ON FUNCTION obx._subscription_owner() FROM PUBLIC;
+REVOKE ALL ON FUNCTION obx._replay_handler(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb),
 	obx.unsubscribe(text), obx.replay_dead_letter(bigint[]),
 	obx.replay_dead_letter(text), obx._options_problem(jsonb),

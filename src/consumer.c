@@ -762,6 +762,8 @@ obx_consumer_main(Datum main_arg)
 	BackgroundWorkerUnblockSignals();
 
 	BackgroundWorkerInitializeConnection(my_database, NULL, 0);
+	obx_worker_pin_settings();
+	obx_inbox_attach(my_worker);
 	pgstat_report_appname("obx consumer");
 
 	/*

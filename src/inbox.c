@@ -25,6 +25,11 @@
  * committed (with synchronous_commit on), so a crash between the two
  * re-delivers the message, and step 2 makes it a duplicate.
  *
+ * Every handler call, the worker's and obx.replay_dead_letter's (through
+ * the SQL-callable obx._replay_handler here), goes through
+ * obx_call_handler: as the subscription's owner, security-restricted,
+ * inside a GUC nest level, under the subscription's handler_timeout_ms.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -40,6 +45,7 @@
 #include "pgstat.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/regproc.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
@@ -48,6 +54,7 @@
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
+#include "utils/timeout.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
 
@@ -64,8 +71,8 @@ static const char *progress_sql =
 	"   (consumer_name, topic, kafka_partition, next_offset, processed,"
 	"    duplicates, dead_lettered, last_event_id, last_processed_at,"
 	"    last_error_class, last_error, last_error_at)"
-	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9, $10,"
-	"         CASE WHEN $10 IS NOT NULL THEN now() END)"
+	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, pg_catalog.now(), $9, $10,"
+	"         CASE WHEN $10 IS NOT NULL THEN pg_catalog.now() END)"
 	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
 	"   SET next_offset = excluded.next_offset,"
 	"       processed = p.processed + excluded.processed,"
@@ -89,17 +96,20 @@ static const char *retry_sql =
 	"INSERT INTO obx.consumer_partitions AS p"
 	"   (consumer_name, topic, kafka_partition, retries,"
 	"    last_error_class, last_error, last_error_at)"
-	" VALUES ($1, $2, $3, 1, 'transient', $4, now())"
+	" VALUES ($1, $2, $3, 1, 'transient', $4, pg_catalog.now())"
 	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
 	"   SET retries = p.retries + 1, last_error_class = 'transient',"
-	"       last_error = excluded.last_error, last_error_at = now()";
+	"       last_error = excluded.last_error, last_error_at = pg_catalog.now()";
 
 static const char *watermark_sql =
 	"INSERT INTO obx.consumer_partitions AS p"
 	"   (consumer_name, topic, kafka_partition, low_watermark, high_watermark,"
 	"    watermarks_at)"
-	" SELECT $1, w.topic, w.part, w.low, w.high, now()"
-	"   FROM unnest($2::text[], $3::int4[], $4::int8[], $5::int8[])"
+	" SELECT $1, w.topic, w.part, w.low, w.high, pg_catalog.now()"
+	"   FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]),"
+	"                   pg_catalog.unnest($3::pg_catalog.int4[]),"
+	"                   pg_catalog.unnest($4::pg_catalog.int8[]),"
+	"                   pg_catalog.unnest($5::pg_catalog.int8[]))"
 	"        AS w(topic, part, low, high)"
 	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
 	"   SET low_watermark = excluded.low_watermark,"
@@ -174,6 +184,36 @@ text_array(Datum d, int *n)
 	return out;
 }
 
+static char *
+copy_text(HeapTuple tup, TupleDesc desc, int col)
+{
+	bool isnull;
+	Datum d = SPI_getbinval(tup, desc, col, &isnull);
+
+	return isnull ? NULL : TextDatumGetCString(d);
+}
+
+/*
+ * options.handler_timeout_ms as obx.subscribe accepts it: a whole number of
+ * milliseconds, 0 for none.  Anything else (the row may have been written
+ * by hand) falls back to the default: a handler is never left unbounded by
+ * mistake, and a bad row does not stop the worker.
+ */
+static int
+parse_timeout(const char *text)
+{
+	char *end;
+	double ms;
+
+	if (text == NULL)
+		return OBX_HANDLER_TIMEOUT_MS;
+	errno = 0;
+	ms = strtod(text, &end);
+	if (errno != 0 || end == text || *end != '\0' || !(ms >= 0 && ms <= INT_MAX))
+		return OBX_HANDLER_TIMEOUT_MS;
+	return (int) ms;
+}
+
 /*
  * obx_inbox_subscriptions
  *		Every subscription, in name order, allocated in the caller's
@@ -190,19 +230,21 @@ obx_inbox_subscriptions(int *count)
 	uint64 i;
 
 	rc = SPI_execute(
-		"SELECT s.consumer_name, s.topics, s.handler::oid, s.owner::oid,"
+		"SELECT s.consumer_name, s.topics, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid,"
 		"       p.oid IS NULL,"
 		"       CASE WHEN q.problem IS NULL"
 		"            THEN coalesce(s.options->>'start', 'earliest') END,"
 		"       CASE WHEN q.problem IS NULL THEN"
-		"       ARRAY(SELECT k.key FROM jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
+		"       ARRAY(SELECT k.key FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
 		"       CASE WHEN q.problem IS NULL THEN"
-		"       ARRAY(SELECT k.value FROM jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
+		"       ARRAY(SELECT k.value FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
 		"       CASE WHEN q.problem IS NULL THEN"
-		"       ARRAY(SELECT jsonb_array_elements_text(s.options->'retry_sqlstates')) END,"
-		"       concat_ws('|', s.topics::text, s.handler::oid, s.owner::oid,"
-		"                 s.options::text, p.oid IS NULL, q.problem),"
-		"       q.problem"
+		"       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(s.options->'retry_sqlstates')) END,"
+		"       pg_catalog.concat_ws('|', s.topics::pg_catalog.text, s.handler::pg_catalog.oid,"
+		"                 s.owner::pg_catalog.oid,"
+		"                 s.options::pg_catalog.text, p.oid IS NULL, q.problem),"
+		"       q.problem,"
+		"       CASE WHEN q.problem IS NULL THEN s.options->>'handler_timeout_ms' END"
 		"  FROM obx.subscriptions s"
 		"  LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler"
 		"  CROSS JOIN LATERAL (SELECT obx._subscription_problem(s) AS problem) q"
@@ -252,6 +294,7 @@ obx_inbox_subscriptions(int *count)
 			if (strlen(c) == 5)
 				s->retry_sqlstates[j] = MAKE_SQLSTATE(c[0], c[1], c[2], c[3], c[4]);
 		}
+		s->handler_timeout_ms = parse_timeout(copy_text(tup, desc, 12));
 		MemoryContextSwitchTo(spi);
 	}
 	obx_step_end(caller);
@@ -427,7 +470,18 @@ build_event(const ObxInbound *msg, InboundEvent *ev)
 		if (ev->event_type == NULL)
 			ev->event_type = jsonb_string_field(jb, "eventType");
 	}
-	if (!ev->malformed && ev->event_id == NULL)
+	if (ev->event_id != NULL && strlen(ev->event_id) > OBX_MAX_EVENT_ID_LEN)
+	{
+		/*
+		 * It could never be marked processed (the dedupe index refuses it):
+		 * retrying would block the partition forever.
+		 */
+		ev->malformed = true;
+		ev->malformed_why = psprintf("event id is not valid: %zu bytes, at most %d allowed",
+									 strlen(ev->event_id), OBX_MAX_EVENT_ID_LEN);
+		ev->event_id = NULL;
+	}
+	else if (!ev->malformed && ev->event_id == NULL)
 	{
 		ev->malformed = true;
 		ev->malformed_why = "no event id: no event_id header and no eventId or event_id field in the payload";
@@ -530,6 +584,142 @@ typedef struct HandlerArgs
 	const InboundEvent *ev;
 } HandlerArgs;
 
+/* The timer that stops a handler, registered once per process. */
+static TimeoutId handler_timeout_id = MAX_TIMEOUTS;
+static volatile sig_atomic_t handler_timed_out = false;
+static volatile sig_atomic_t handler_cancels = 0;
+
+/*
+ * A consumer worker whose handler is still running this many cancels (one
+ * a second) after its timeout ends itself (see handler_timeout_fired).
+ */
+#define OBX_HANDLER_GRACE_CANCELS 5
+
+/* This consumer worker's slot in shared memory; NULL outside one (a replay). */
+static ObxHandlerSlot *my_handler_slot = NULL;
+
+/* Whether the last obx_call_handler ended by its timeout. */
+static bool handler_timeout_hit = false;
+
+/*
+ * Timer callback (signal context): cancel what runs, as pg_cancel_backend
+ * would.  It fires again every second until the handler has stopped, so a
+ * handler that catches query_canceled is cancelled again.
+ */
+static void
+handler_timeout_fired(void)
+{
+	handler_timed_out = true;
+
+	/*
+	 * A handler that catches query_canceled and goes on would hold the
+	 * worker, and every subscription it serves, forever.  The consumer
+	 * worker then ends (FATAL, restarted by the postmaster); its successor
+	 * finds the message in its slot and dead-letters it without calling the
+	 * handler again (obx_inbox_attach).
+	 */
+	if (my_handler_slot != NULL && ++handler_cancels > OBX_HANDLER_GRACE_CANCELS)
+		ProcDiePending = true;
+	InterruptPending = true;
+	QueryCancelPending = true;
+	SetLatch(MyLatch);
+}
+
+/*
+ * obx_call_handler
+ *		Call a subscription's handler on an obx.inbound_event, as the
+ *		subscription's owner, for at most timeout_ms (0: no limit).
+ *
+ * The call runs the way PostgreSQL runs index expressions during VACUUM:
+ * with the owner as the current user, in a security-restricted operation
+ * (no SET ROLE, no temporary objects, no cursors or prepared statements
+ * outliving it) and inside a GUC nest level that is unwound when it
+ * returns, so no setting it changes (search_path included) survives it.
+ * It sees search_path = pg_catalog, pg_temp whoever calls it: a handler
+ * names its objects with their schema, or sets its own search_path in its
+ * definition (CREATE FUNCTION ... SET search_path).
+ *
+ * When the timeout passes, the handler is cancelled and this raises
+ * query_canceled saying so.  On any error the caller's (sub)transaction
+ * abort restores the user and the settings; the timer is stopped here.
+ */
+void
+obx_call_handler(Oid handler, Oid owner, Datum event, int timeout_ms)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	FmgrInfo flinfo;
+	Oid save_user;
+	int save_sec;
+	int save_nestlevel;
+	char *name;
+	LOCAL_FCINFO(fcinfo, 1);
+
+	if (handler_timeout_id == MAX_TIMEOUTS)
+		handler_timeout_id = RegisterTimeout(USER_TIMEOUT, handler_timeout_fired);
+
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(owner, save_sec | SECURITY_LOCAL_USERID_CHANGE |
+									  SECURITY_RESTRICTED_OPERATION);
+	save_nestlevel = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_SUSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+
+	if (pg_proc_aclcheck(handler, owner, ACL_EXECUTE) != ACLCHECK_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("role \"%s\" may not execute the obx handler %s",
+						GetUserNameFromId(owner, true), format_procedure(handler))));
+	/* Its name for the timeout's error, looked up while nothing failed. */
+	name = format_procedure(handler);
+	fmgr_info(handler, &flinfo);
+	InitFunctionCallInfoData(*fcinfo, &flinfo, 1, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = event;
+	fcinfo->args[0].isnull = false;
+
+	handler_timed_out = false;
+	handler_timeout_hit = false;
+	handler_cancels = 0;
+	if (timeout_ms > 0)
+		enable_timeout_every(handler_timeout_id,
+							 TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														 timeout_ms),
+							 1000);
+	PG_TRY();
+	{
+		(void) FunctionCallInvoke(fcinfo);
+	}
+	PG_CATCH();
+	{
+		ErrorData *edata;
+
+		disable_timeout(handler_timeout_id, false);
+		if (!handler_timed_out)
+			PG_RE_THROW();
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode != ERRCODE_QUERY_CANCELED)
+			PG_RE_THROW();
+		FlushErrorState();
+		handler_timeout_hit = true;
+		ereport(ERROR,
+				(errcode(ERRCODE_QUERY_CANCELED),
+				 errmsg("obx handler %s ran longer than its timeout of %d ms and was cancelled",
+						name, timeout_ms),
+				 errhint("Raise the subscription's option handler_timeout_ms if the handler needs more time.")));
+	}
+	PG_END_TRY();
+	disable_timeout(handler_timeout_id, false);
+
+	/* A cancel the timer sent after the handler returned is not for us. */
+	if (handler_timed_out)
+	{
+		QueryCancelPending = false;
+		handler_timed_out = false;
+	}
+	AtEOXact_GUC(false, save_nestlevel);
+	SetUserIdAndSecContext(save_user, save_sec);
+}
+
 /*
  * Call the handler with an obx.inbound_event, as the subscription's owner.
  * The subtransaction around it restores the user on error.
@@ -548,10 +738,6 @@ call_handler(void *arg)
 	Datum values[9];
 	bool nulls[9];
 	HeapTuple tuple;
-	FmgrInfo flinfo;
-	Oid save_user;
-	int save_sec;
-	LOCAL_FCINFO(fcinfo, 1);
 
 	if (!OidIsValid(typid))
 		elog(ERROR, "obx type obx.inbound_event does not exist");
@@ -571,20 +757,97 @@ call_handler(void *arg)
 	nulls[8] = (msg->timestamp == 0);
 	tuple = heap_form_tuple(desc, values, nulls);
 
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(msg->sub->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
-	if (pg_proc_aclcheck(msg->sub->handler, msg->sub->owner, ACL_EXECUTE) != ACLCHECK_OK)
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("role \"%s\" may not execute the obx handler %s",
-						GetUserNameFromId(msg->sub->owner, true),
-						format_procedure(msg->sub->handler))));
-	fmgr_info(msg->sub->handler, &flinfo);
-	InitFunctionCallInfoData(*fcinfo, &flinfo, 1, InvalidOid, NULL, NULL);
-	fcinfo->args[0].value = HeapTupleGetDatum(tuple);
-	fcinfo->args[0].isnull = false;
-	(void) FunctionCallInvoke(fcinfo);
-	SetUserIdAndSecContext(save_user, save_sec);
+	obx_call_handler(msg->sub->handler, msg->sub->owner,
+					 HeapTupleGetDatum(tuple), msg->sub->handler_timeout_ms);
+}
+
+/*
+ * obx_inbox_attach
+ *		Take consumer worker number worker's slot.  When the previous
+ *		worker of that number ended during a handler call (a handler that
+ *		would not stop after its timeout, see handler_timeout_fired), keep
+ *		that message as the slot's victim: whichever worker gets it next
+ *		dead-letters it without calling the handler.
+ */
+void
+obx_inbox_attach(int worker)
+{
+	ObxHandlerSlot *slot = &obx_shared->handlers[worker];
+
+	if (slot->active)
+	{
+		slot->victim = slot->current;
+		slot->killed = true;
+		slot->active = false;
+		ereport(LOG,
+				(errmsg("obx consumer %d: its previous worker ended while the handler of consumer group \"%s\" ran on topic \"%s\" partition %d offset %lld",
+						worker, slot->victim.consumer, slot->victim.topic,
+						slot->victim.partition, (long long) slot->victim.offset),
+				 errdetail("The message is dead-lettered without calling the handler again.")));
+	}
+	my_handler_slot = slot;
+}
+
+static void
+enter_handler(const ObxInbound *msg)
+{
+	if (my_handler_slot == NULL)
+		return;
+	strlcpy(my_handler_slot->current.consumer, msg->sub->name,
+			sizeof(my_handler_slot->current.consumer));
+	strlcpy(my_handler_slot->current.topic, msg->topic,
+			sizeof(my_handler_slot->current.topic));
+	my_handler_slot->current.partition = msg->partition;
+	my_handler_slot->current.offset = msg->offset;
+	my_handler_slot->active = true;
+}
+
+static void
+leave_handler(void)
+{
+	if (my_handler_slot != NULL)
+		my_handler_slot->active = false;
+}
+
+/*
+ * Whether a consumer worker ended while this message's handler ran; the
+ * mark is cleared, so only one worker dead-letters the message.
+ */
+static bool
+ended_a_worker(const ObxInbound *msg)
+{
+	int i;
+
+	if (my_handler_slot == NULL)
+		return false;
+	for (i = 0; i < OBX_MAX_WORKERS; i++)
+	{
+		ObxHandlerSlot *slot = &obx_shared->handlers[i];
+
+		if (slot->killed && slot->victim.partition == msg->partition &&
+			slot->victim.offset == msg->offset &&
+			strcmp(slot->victim.topic, msg->topic) == 0 &&
+			strcmp(slot->victim.consumer, msg->sub->name) == 0)
+		{
+			slot->killed = false;
+			return true;
+		}
+	}
+	return false;
+}
+
+static ErrorData *
+ended_a_worker_error(const ObxInbound *msg)
+{
+	ErrorData *edata = palloc0(sizeof(ErrorData));
+
+	edata->elevel = ERROR;
+	edata->sqlerrcode = ERRCODE_QUERY_CANCELED;
+	edata->message = psprintf("obx handler %s did not stop after its timeout of %d ms, and its consumer worker was restarted",
+							  format_procedure(msg->sub->handler),
+							  msg->sub->handler_timeout_ms);
+	handler_timeout_hit = true;
+	return edata;
 }
 
 /*
@@ -688,14 +951,24 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 		else
 		{
 			HandlerArgs args = {msg, &ev};
-			ErrorData *edata = in_subtransaction(call_handler, &args);
+			ErrorData *edata;
+
+			if (ended_a_worker(msg))
+				edata = ended_a_worker_error(msg);
+			else
+			{
+				enter_handler(msg);
+				edata = in_subtransaction(call_handler, &args);
+				leave_handler();
+			}
 
 			if (edata == NULL)
 			{
 				result = OBX_INBOX_PROCESSED;
 				record_progress(msg, &ev, result, NULL, NULL);
 			}
-			else if (is_transient(msg->sub, edata->sqlerrcode))
+			else if (!handler_timeout_hit &&
+					 is_transient(msg->sub, edata->sqlerrcode))
 			{
 				snprintf(errbuf, errlen, "handler error %s: %s",
 						 unpack_sql_state(edata->sqlerrcode), edata->message);
@@ -819,4 +1092,61 @@ obx_inbox_watermarks(const char *consumer, int n, char **topics,
 		elog(ERROR, "obx could not record consumer watermarks: %s",
 			 SPI_result_code_string(rc));
 	obx_step_end(caller);
+}
+
+PG_FUNCTION_INFO_V1(obx_replay_handler);
+
+/*
+ * obx._replay_handler(dead_letter_id bigint)
+ *		Run the subscription's handler on a dead letter not yet replayed,
+ *		as the subscription's owner, never as the caller (a superuser
+ *		replaying included), with the restrictions and the timeout of the
+ *		consumer worker's calls (obx_call_handler).
+ *
+ * Called by obx.replay_dead_letter, which marks the event processed and
+ * the dead letter replayed.  Reads the dead letter and its subscription
+ * with the caller's privileges.
+ */
+Datum
+obx_replay_handler(PG_FUNCTION_ARGS)
+{
+	int64 id = PG_GETARG_INT64(0);
+	Oid types[1] = {INT8OID};
+	Datum args[1];
+	HeapTuple tup;
+	TupleDesc desc;
+	bool isnull;
+	Oid handler;
+	Oid owner;
+	int rc;
+
+	args[0] = Int64GetDatum(id);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "obx could not connect to SPI");
+	rc = SPI_execute_with_args(
+		"SELECT s.handler::pg_catalog.oid, s.owner::pg_catalog.oid,"
+		"       s.options->>'handler_timeout_ms',"
+		"       ROW(d.event_id, d.event_type, d.topic, d.kafka_partition,"
+		"           d.kafka_offset, d.event_key, d.headers, d.payload,"
+		"           d.kafka_timestamp)::obx.inbound_event"
+		"  FROM obx.dead_letters d"
+		"  JOIN obx.subscriptions s ON s.consumer_name = d.consumer_name"
+		" WHERE d.id = $1 AND d.replayed_at IS NULL",
+		1, types, args, NULL, false, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx could not read dead letter " INT64_FORMAT ": %s", id,
+			 SPI_result_code_string(rc));
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("no obx dead letter %lld waiting for a replay with a subscription",
+						(long long) id)));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	handler = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
+	owner = DatumGetObjectId(SPI_getbinval(tup, desc, 2, &isnull));
+	obx_call_handler(handler, owner, SPI_getbinval(tup, desc, 4, &isnull),
+					 parse_timeout(copy_text(tup, desc, 3)));
+	SPI_finish();
+	PG_RETURN_VOID();
 }

@@ -13,7 +13,8 @@
  *	  enqueue.c	SQL-callable functions: enqueue and the commit wake-up
  *	  status.c	worker status in shared memory and its SQL view
  *	  consumer.c	the consumer worker: subscriptions, librdkafka consumers
- *	  inbox.c	every statement the consumer runs: one transaction per message
+ *	  inbox.c	every statement the consumer runs: one transaction per message;
+ *				every handler call (obx_call_handler, obx._replay_handler)
  *	  kafka_conf.c	who may set which librdkafka property; the properties file
  *	  consumer_sql.c	subscribe, unsubscribe, mark_processed: who calls
  *
@@ -109,6 +110,27 @@ typedef struct ObxWorkerSlot
 	int64 prev_window_published;
 } ObxWorkerSlot;
 
+/*
+ * The message whose handler a consumer worker is running, so that its
+ * successor knows when a handler ended the worker (see inbox.c).  Written
+ * only by the worker of that number; read by every consumer worker.
+ */
+typedef struct ObxHandlerMessage
+{
+	char consumer[201];
+	char topic[250];
+	int32 partition;
+	int64 offset;
+} ObxHandlerMessage;
+
+typedef struct ObxHandlerSlot
+{
+	bool active;               /* a handler call is under way on current */
+	ObxHandlerMessage current; /* the message of that call */
+	bool killed;               /* the previous worker ended during a call */
+	ObxHandlerMessage victim;  /* the message of that call */
+} ObxHandlerSlot;
+
 typedef struct ObxShared
 {
 	int nworkers;
@@ -140,6 +162,7 @@ typedef struct ObxShared
 	 */
 	pg_atomic_uint64 last_claim_at;
 	ObxWorkerSlot workers[OBX_MAX_WORKERS];
+	ObxHandlerSlot handlers[OBX_MAX_WORKERS]; /* per consumer worker */
 } ObxShared;
 
 extern ObxShared *obx_shared;
@@ -226,6 +249,7 @@ struct _SPI_plan;
 extern MemoryContext obx_step_begin(const char *activity);
 extern void obx_step_end(MemoryContext caller);
 extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argtypes);
+extern void obx_worker_pin_settings(void);
 
 /* outbox.c: each call is one short transaction of its own */
 extern int obx_extension_state(const char *needed_relation);
@@ -284,7 +308,8 @@ typedef struct ObxSubscription
 	char **kafka_values;
 	int nretry; /* options.retry_sqlstates, as error codes */
 	int *retry_sqlstates;
-	char *signature; /* everything above, to notice a change */
+	int handler_timeout_ms; /* options.handler_timeout_ms; 0: none */
+	char *signature;        /* everything above, to notice a change */
 	/* Why the workers cannot serve it (obx._subscription_problem), or NULL */
 	char *problem;
 } ObxSubscription;
@@ -318,11 +343,26 @@ typedef enum ObxInboxResult
 /* consumer.c */
 extern PGDLLEXPORT void obx_consumer_main(Datum main_arg);
 
+/*
+ * A handler runs at most this long unless its subscription says otherwise
+ * (options.handler_timeout_ms).
+ */
+#define OBX_HANDLER_TIMEOUT_MS 30000
+
+/*
+ * An event id longer than this (in bytes) is malformed: it could not be
+ * recorded in obx.processed_events, whose index has a size limit.
+ */
+#define OBX_MAX_EVENT_ID_LEN 512
+
 /* inbox.c: each call is one transaction of its own */
 extern ObxSubscription *obx_inbox_subscriptions(int *count);
 extern ObxInboxResult obx_inbox_handle(const ObxInbound *msg,
 									   char *errbuf, size_t errlen);
 extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
+extern void obx_call_handler(Oid handler, Oid owner, Datum event,
+							 int timeout_ms);
+extern void obx_inbox_attach(int worker);
 extern void obx_inbox_watermarks(const char *consumer, int n, char **topics,
 								 int32 *partitions, int64 *lows, int64 *highs);
 

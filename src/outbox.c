@@ -58,6 +58,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -90,21 +91,23 @@ static SPIPlanPtr end_lease_plan = NULL;
 static SPIPlanPtr renew_plan = NULL;
 
 static const char *expire_sql =
-	"DELETE FROM obx.leases l WHERE l.until < now()";
+	"DELETE FROM obx.leases l WHERE l.until < pg_catalog.now()";
 
 static const char *claim_sql =
 	"WITH blocked AS MATERIALIZED ("
 	"  SELECT k.topic, k.event_key"
-	"    FROM obx.leases l, unnest(l.topics, l.keys) AS k(topic, event_key)"
+	"    FROM obx.leases l,"
+	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"
+	"           AS k(topic, event_key)"
 	"  UNION"
 	"  SELECT b.topic, b.event_key"
 	"    FROM obx.outbox_events b"
 	"   WHERE b.published_at IS NULL"
 	"     AND (b.next_attempt_at > '-infinity' OR b.quarantined_at IS NOT NULL)"
-	"     AND (b.next_attempt_at > now()"
+	"     AND (b.next_attempt_at > pg_catalog.now()"
 	"          OR (b.quarantined_at IS NOT NULL AND $1))"
 	")"
-	"SELECT e.seq, e.id, e.topic, e.event_key, e.payload::text AS payload,"
+	"SELECT e.seq, e.id, e.topic, e.event_key, e.payload,"
 	"       e.event_type, e.attempts,"
 	"       CASE WHEN e.headers IS NOT NULL THEN"
 	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
@@ -113,7 +116,7 @@ static const char *claim_sql =
 	"  FROM obx.outbox_events e"
 	" WHERE e.published_at IS NULL"
 	"   AND e.quarantined_at IS NULL"
-	"   AND e.next_attempt_at <= now()"
+	"   AND e.next_attempt_at <= pg_catalog.now()"
 	"   AND (e.topic, e.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
 	" ORDER BY e.seq"
 	" LIMIT $2";
@@ -121,7 +124,7 @@ static const char *claim_sql =
 /* The lease of a claimed batch: its events' ids, topics and keys. */
 static const char *lease_sql =
 	"INSERT INTO obx.leases (lease_id, owner, until, ids, topics, keys)"
-	" VALUES ($1, $2, now() + make_interval(secs => $3), $4, $5, $6)";
+	" VALUES ($1, $2, pg_catalog.now() + pg_catalog.make_interval(secs => $3), $4, $5, $6)";
 
 /*
  * Delivered events: published, with where they landed and when the worker
@@ -133,7 +136,10 @@ static const char *lease_sql =
 	"UPDATE obx.outbox_events e"                                            \
 	"   SET published_at = d.t, kafka_partition = d.p, kafka_offset = d.o," \
 	"       attempts = e.attempts + 1, quarantined_at = NULL"               \
-	"  FROM unnest($1::uuid[], $2::int4[], $3::int8[], $4::timestamptz[])"  \
+	"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"           \
+	"                  pg_catalog.unnest($2::pg_catalog.int4[]),"           \
+	"                  pg_catalog.unnest($3::pg_catalog.int8[]),"           \
+	"                  pg_catalog.unnest($4::pg_catalog.timestamptz[]))"    \
 	"       AS d(id, p, o, t)"                                              \
 	" WHERE e.id = d.id AND e.published_at IS NULL"
 
@@ -167,27 +173,30 @@ static const char *end_lease_sql =
  */
 static const char *failed_sql =
 	"WITH f AS ("
-	"  SELECT d.id, d.cls, d.msg, e.failures + (d.cls <> 'transient')::int AS failures,"
+	"  SELECT d.id, d.cls, d.msg, e.failures + (d.cls <> 'transient')::pg_catalog.int4 AS failures,"
 	"         (d.cls = 'permanent'"
 	"          OR (d.cls = 'other' AND e.failures + 1 >= $2)) AS quarantine"
-	"    FROM unnest($1::uuid[], $5::text[], $6::text[]) AS d(id, cls, msg)"
+	"    FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"
+	"                    pg_catalog.unnest($5::pg_catalog.text[]),"
+	"                    pg_catalog.unnest($6::pg_catalog.text[])) AS d(id, cls, msg)"
 	"    JOIN obx.outbox_events e ON e.id = d.id"
 	")"
 	"UPDATE obx.outbox_events e"
-	"   SET last_error = f.msg, last_error_class = f.cls, last_error_at = now(),"
+	"   SET last_error = f.msg, last_error_class = f.cls, last_error_at = pg_catalog.now(),"
 	"       failures = f.failures, attempts = e.attempts + 1,"
-	"       quarantined_at = CASE WHEN f.quarantine THEN now() END,"
+	"       quarantined_at = CASE WHEN f.quarantine THEN pg_catalog.now() END,"
 	"       next_attempt_at = CASE WHEN f.quarantine THEN '-infinity'"
-	"           ELSE now() + make_interval(secs =>"
-	"               least($4::float8, $3::float8 * power(2, least(e.attempts, 40))) / 1000)"
+	"           ELSE pg_catalog.now() + pg_catalog.make_interval(secs =>"
+	"               least($4::pg_catalog.float8,"
+	"                     $3::pg_catalog.float8 * pg_catalog.power(2, least(e.attempts, 40))) / 1000)"
 	"           END"
 	"  FROM f"
 	" WHERE e.id = f.id AND e.published_at IS NULL"
-	" RETURNING e.id::text, e.topic, e.quarantined_at IS NOT NULL, e.next_attempt_at";
+	" RETURNING e.id::pg_catalog.text, e.topic, e.quarantined_at IS NOT NULL, e.next_attempt_at";
 
 static const char *renew_sql =
 	"UPDATE obx.leases l"
-	"   SET until = now() + make_interval(secs => $2)"
+	"   SET until = pg_catalog.now() + pg_catalog.make_interval(secs => $2)"
 	" WHERE l.lease_id = $1";
 
 /*
@@ -223,6 +232,50 @@ obx_step_end(MemoryContext caller)
 	pgstat_report_stat(false);
 	pgstat_report_activity(STATE_IDLE, NULL);
 	MemoryContextSwitchTo(caller);
+}
+
+/*
+ * obx_worker_pin_settings
+ *		Fix, for the life of the worker, every setting its own statements
+ *		depend on, whatever the database's or the role's defaults say.
+ *
+ * Called right after the worker connects, before it runs any statement.
+ * The values are set at PGC_S_OVERRIDE, above the database- and role-level
+ * settings (ALTER DATABASE/ROLE ... SET) and the configuration file, and
+ * they become the reset values too: a reload leaves them, and RESET
+ * returns to them.  A handler cannot change them either: it runs inside a
+ * GUC nest level that is unwound afterwards (see obx_call_handler).
+ *
+ * search_path: obx's statements name obx's objects with their schema and
+ * PostgreSQL's functions with pg_catalog; with only pg_catalog and pg_temp
+ * on the path, no function, operator or type of another schema can be
+ * picked instead (pg_temp is never searched for functions or operators).
+ * The rest keeps each step a short, writable read-committed transaction
+ * that no timeout of the database's choosing can cut short: a claim or a
+ * record step cancelled after Kafka acknowledged its events means a
+ * re-send, and a read-only default would stop the relay entirely.
+ */
+void
+obx_worker_pin_settings(void)
+{
+	static const char *const pinned[][2] = {
+		{"search_path", "pg_catalog, pg_temp"},
+		{"default_transaction_read_only", "off"},
+		{"default_transaction_isolation", "read committed"},
+		{"default_transaction_deferrable", "off"},
+		{"statement_timeout", "0"},
+		{"lock_timeout", "0"},
+		{"idle_in_transaction_session_timeout", "0"},
+		{"idle_session_timeout", "0"},
+		{"session_replication_role", "origin"},
+		{"transform_null_equals", "off"},
+		{"standard_conforming_strings", "on"},
+		{"synchronous_commit", "on"},
+	};
+	int i;
+
+	for (i = 0; i < lengthof(pinned); i++)
+		SetConfigOption(pinned[i][0], pinned[i][1], PGC_SUSET, PGC_S_OVERRIDE);
 }
 
 /* Prepare a statement once for the life of the worker, with these options. */
@@ -326,7 +379,7 @@ obx_extension_state(const char *needed_relation)
 	int state = 0;
 	int rc;
 
-	rc = SPI_execute_with_args("SELECT to_regclass($1) IS NOT NULL"
+	rc = SPI_execute_with_args("SELECT pg_catalog.to_regclass($1) IS NOT NULL"
 							   "  FROM pg_catalog.pg_extension WHERE extname = 'obx'",
 							   1, types, args, NULL, true, 1);
 	if (rc != SPI_OK_SELECT)
@@ -474,6 +527,70 @@ release_claim(ObxBatch *batch)
 }
 
 /*
+ * One row of the claim into ev (strings in the caller's context) and the
+ * lease's arrays (in the step's); returns its payload's size.  Notes the
+ * commit position of its transaction when the asynchronous commits are
+ * not settled (see obx_outbox_claim).
+ */
+static int64
+claim_copy_event(ObxEvent *ev, HeapTuple tup, TupleDesc desc,
+				 MemoryContext caller, Datum *id, Datum *topic, Datum *key,
+				 bool settled, TransactionId *last_xmin, XLogRecPtr *flush_upto)
+{
+	MemoryContext step_cxt = MemoryContextSwitchTo(caller);
+	bool isnull;
+	TransactionId xmin;
+
+	memcpy(&ev->id, DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull)),
+		   sizeof(pg_uuid_t));
+	strlcpy(ev->id_text,
+			DatumGetCString(DirectFunctionCall1(uuid_out, UUIDPGetDatum(&ev->id))),
+			sizeof(ev->id_text));
+	ev->topic = copy_value(tup, desc, 3);
+	ev->key = copy_value(tup, desc, 4);
+	{
+		Datum stored = SPI_getbinval(tup, desc, 5, &isnull);
+		Jsonb *payload = DatumGetJsonbP(stored);
+		StringInfoData text;
+
+		/* What payload::text gives; the detoasted copy is freed at once. */
+		initStringInfo(&text);
+		(void) JsonbToCString(&text, &payload->root, VARSIZE(payload));
+		if ((Pointer) payload != DatumGetPointer(stored))
+			pfree(payload);
+		ev->payload_len = text.len;
+		ev->payload = text.data;
+		/* The buffer grew by doubling: keep no more than the text. */
+		if (text.maxlen > text.len + text.len / 4 + 1024)
+		{
+			ev->payload = pnstrdup(text.data, text.len);
+			pfree(text.data);
+		}
+	}
+	ev->event_type = copy_value(tup, desc, 6);
+	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull)) + 1;
+	copy_headers(ev, tup, desc, 8);
+	ev->outcome = OBX_OUTCOME_UNSENT;
+	MemoryContextSwitchTo(step_cxt);
+
+	*id = UUIDPGetDatum(&ev->id);
+	*topic = CStringGetTextDatum(ev->topic);
+	*key = CStringGetTextDatum(ev->key);
+
+	/* A backlog comes from few transactions: look each one up once. */
+	xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 9, &isnull));
+	if (!settled && xmin != *last_xmin)
+	{
+		XLogRecPtr commit_lsn = TransactionIdGetCommitLSN(xmin);
+
+		if (commit_lsn > *flush_upto)
+			*flush_upto = commit_lsn;
+		*last_xmin = xmin;
+	}
+	return ev->payload_len;
+}
+
+/*
  * obx_outbox_claim
  *		Lease up to obx.batch_size publishable events to this worker, fewer
  *		when their payloads pass OBX_BATCH_BYTES.
@@ -490,7 +607,6 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 						  Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
 	Datum args[2];
 	int rc;
-	uint64 i;
 	uint64 n;
 	uint64 nrows;
 	int64 bytes = 0;
@@ -506,7 +622,6 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	Datum *ids;
 	Datum *topics;
 	Datum *keys;
-	MemoryContext step_cxt;
 
 	prepare_plans();
 
@@ -584,66 +699,35 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx claim failed: %s", SPI_result_code_string(rc));
 
-	/* The batch: the events in seq order, until their payloads pass the cap. */
+	/*
+	 * The batch: the events in seq order, until their payloads pass the
+	 * cap.  The claim returns each payload as stored (jsonb, a TOAST
+	 * pointer when it is large), and only the events taken into the batch
+	 * are read and turned into text, so what the worker holds is bounded
+	 * by the cap plus one payload, not by obx.batch_size times the payload
+	 * size.
+	 */
 	nrows = SPI_processed;
+	ids = palloc(sizeof(Datum) * Max(nrows, 1));
+	topics = palloc(sizeof(Datum) * Max(nrows, 1));
+	keys = palloc(sizeof(Datum) * Max(nrows, 1));
+	batch->lease_id = lease_id;
+	batch->in_flight = 0;
+	batch->retry_at = 0;
+	batch->events = nrows > 0 ? MemoryContextAllocZero(caller, sizeof(ObxEvent) * nrows)
+							  : NULL;
 	n = 0;
 	while (n < nrows && bytes < OBX_BATCH_BYTES)
 	{
-		bytes += VARSIZE_ANY_EXHDR(DatumGetPointer(
-			SPI_getbinval(SPI_tuptable->vals[n], SPI_tuptable->tupdesc, 5, &isnull)));
+		bytes += claim_copy_event(&batch->events[n], SPI_tuptable->vals[n],
+								  SPI_tuptable->tupdesc, caller,
+								  &ids[n], &topics[n], &keys[n],
+								  settled, &last_xmin, &flush_upto);
 		n++;
 	}
-
-	/* The lease's arrays live in the step's context, the events in the caller's. */
-	ids = palloc(sizeof(Datum) * Max(n, 1));
-	topics = palloc(sizeof(Datum) * Max(n, 1));
-	keys = palloc(sizeof(Datum) * Max(n, 1));
-	step_cxt = MemoryContextSwitchTo(caller);
-	batch->lease_id = lease_id;
 	batch->nevents = (int) n;
 	batch->full = nrows >= (uint64) obx_batch_size || n < nrows;
-	batch->in_flight = 0;
-	batch->retry_at = 0;
-	batch->events = n > 0 ? palloc0(sizeof(ObxEvent) * n) : NULL;
 
-	for (i = 0; i < n; i++)
-	{
-		HeapTuple tup = SPI_tuptable->vals[i];
-		TupleDesc desc = SPI_tuptable->tupdesc;
-		ObxEvent *ev = &batch->events[i];
-		pg_uuid_t *uuid;
-		TransactionId xmin;
-
-		ids[i] = SPI_getbinval(tup, desc, 2, &isnull);
-		topics[i] = SPI_getbinval(tup, desc, 3, &isnull);
-		keys[i] = SPI_getbinval(tup, desc, 4, &isnull);
-		uuid = DatumGetUUIDP(ids[i]);
-		memcpy(&ev->id, uuid, sizeof(pg_uuid_t));
-		strlcpy(ev->id_text,
-				DatumGetCString(DirectFunctionCall1(uuid_out, UUIDPGetDatum(&ev->id))),
-				sizeof(ev->id_text));
-		ev->topic = copy_value(tup, desc, 3);
-		ev->key = copy_value(tup, desc, 4);
-		ev->payload = copy_value(tup, desc, 5);
-		ev->payload_len = strlen(ev->payload);
-		ev->event_type = copy_value(tup, desc, 6);
-		ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull)) + 1;
-		copy_headers(ev, tup, desc, 8);
-		ev->outcome = OBX_OUTCOME_UNSENT;
-
-		/* A backlog comes from few transactions: look each one up once. */
-		xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 9, &isnull));
-		if (!settled && xmin != last_xmin)
-		{
-			XLogRecPtr commit_lsn = TransactionIdGetCommitLSN(xmin);
-
-			if (commit_lsn > flush_upto)
-				flush_upto = commit_lsn;
-			last_xmin = xmin;
-		}
-	}
-
-	MemoryContextSwitchTo(step_cxt);
 	if (n > 0)
 	{
 		Datum lease_args[6];
@@ -912,8 +996,8 @@ obx_outbox_release_orphans(int worker)
 
 	rc = SPI_execute_with_args("WITH gone AS ("
 							   "  DELETE FROM obx.leases l WHERE l.owner = $1"
-							   "  RETURNING cardinality(l.ids) AS n)"
-							   " SELECT coalesce(sum(n), 0)::int8 FROM gone",
+							   "  RETURNING pg_catalog.cardinality(l.ids) AS n)"
+							   " SELECT coalesce(pg_catalog.sum(n), 0)::pg_catalog.int8 FROM gone",
 							   1, types, args, NULL, false, 0);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "obx could not release orphaned leases: %s",
@@ -1071,7 +1155,7 @@ obx_outbox_purge(void)
 		rc = SPI_execute_with_args(
 			"DELETE FROM obx.outbox_events WHERE id IN ("
 			" SELECT id FROM obx.outbox_events"
-			"  WHERE published_at < now() - make_interval(secs => $1)"
+			"  WHERE published_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
 			"  ORDER BY published_at LIMIT $2)",
 			2, types, args, NULL, false, 0);
 		if (rc != SPI_OK_DELETE)
@@ -1084,7 +1168,7 @@ obx_outbox_purge(void)
 		rc = SPI_execute_with_args(
 			"DELETE FROM obx.processed_events WHERE ctid IN ("
 			" SELECT ctid FROM obx.processed_events"
-			"  WHERE processed_at < now() - make_interval(secs => $1)"
+			"  WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
 			"  ORDER BY processed_at LIMIT $2)",
 			2, types, args, NULL, false, 0);
 		if (rc != SPI_OK_DELETE)

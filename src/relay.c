@@ -547,6 +547,7 @@ obx_relay_main(Datum main_arg)
 	BackgroundWorkerUnblockSignals();
 
 	BackgroundWorkerInitializeConnection(obx_database, NULL, 0);
+	obx_worker_pin_settings();
 	attach_slot();
 	pgstat_report_appname("obx relay");
 

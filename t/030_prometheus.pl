@@ -238,7 +238,7 @@ $node->safe_psql('postgres', q{
 		IF e.payload ? 'reject' THEN
 			RAISE EXCEPTION 'rejected' USING ERRCODE = 'check_violation';
 		END IF;
-		INSERT INTO applied VALUES (e.event_id);
+		INSERT INTO public.applied VALUES (e.event_id);
 	END $$;});
 $node->safe_psql('postgres', "SELECT obx.subscribe('metrics-app', ARRAY['$orders'], 'apply_order(obx.inbound_event)')");
 $node->safe_psql('postgres', "SELECT obx.enqueue('$orders', 'ord_r', '{\"reject\": true}')");
