@@ -604,10 +604,14 @@ SET search_path = pg_catalog, pg_temp;
  * replay_dead_letter: run the subscription's current handler on dead
  * letters, in the caller's transaction, each in a subtransaction of its
  * own.  One that fails again stays a dead letter with the new error.
+ * Who may replay is who may EXECUTE it: it runs as the extension owner
+ * (it marks the event processed and reads the subscription), and the
+ * handler itself runs as the subscription's owner, restricted
+ * (obx._replay_handler), never as the caller or the extension owner.
  */
 CREATE FUNCTION obx.replay_dead_letter(ids bigint[])
 RETURNS integer
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -658,7 +662,7 @@ $$;
 
 CREATE FUNCTION obx.replay_dead_letter(consumer_name text)
 RETURNS integer
-LANGUAGE sql VOLATILE
+LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 	SELECT obx.replay_dead_letter(coalesce(array_agg(l.id), '{}'))
