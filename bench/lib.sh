@@ -37,11 +37,12 @@ bench_start()
 		# Three KRaft nodes on loopback; topics are made by bench_topic.
 		kafka_dir=$work/kafka
 		brokers=$("$root/tools/kafka-cluster" start "$kafka_dir" --nodes 3 | tail -1)
-		# A fresh cluster loads its transaction coordinator (which hands
-		# idempotent producers their ids) only now: one idempotent message
-		# waits for it, so that no timed producer does.
+		# A fresh cluster's brokers load their transaction coordinators
+		# (which hand idempotent producers their ids) only now: wait until
+		# idempotent producers get theirs at once, so that no timed
+		# producer waits for one.
 		bench_topic bench.warmup
-		echo warm | kcat -P -b "$brokers" -t bench.warmup -X enable.idempotence=true -X acks=all
+		wait_for 120 "the brokers to hand out producer ids" kafka_ready
 	else
 		"$root/tools/obx-kafka-mock" --state-file "$work/mock.state" </dev/null >"$work/mock.log" 2>&1 &
 		mock_pid=$!
@@ -95,6 +96,19 @@ bench_stop()
 		"$root/tools/kafka-cluster" stop "$kafka_dir" || true
 		kafka_dir=""
 	fi
+}
+
+# kafka_ready: six idempotent producers in a row, each to whichever
+# broker librdkafka picks, got their producer id without "Coordinator load
+# in progress".
+kafka_ready()
+{
+	local i err
+	for i in 1 2 3 4 5 6; do
+		err=$(echo warm | kcat -P -b "$brokers" -t bench.warmup \
+			-X enable.idempotence=true -X acks=all 2>&1) || return 1
+		[ -z "$err" ] || return 1
+	done
 }
 
 # kafka_description: what the benchmarks' Kafka is, for the header.
