@@ -27,6 +27,7 @@ bench_drain()
 	echo
 	echo "== 1. drain rate: $n events enqueued with the relay paused, then published (load average $(machine_load))"
 
+	bench_topic bench.drain bench.drain.librdkafka
 	pg_phase "obx.workers = 0"
 	if [ "${DRAIN_STALE_STATS:-0}" = 1 ]; then
 		# The outbox as production has it before an outage: published rows,

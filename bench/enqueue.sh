@@ -44,6 +44,7 @@ bench_enqueue()
 	echo "== 2. enqueue cost: pgbench, $clients clients, ${secs}s per run, one event per transaction (load average $(machine_load))"
 
 	local rows="" config relay pgoptions floor_lines="" least_ratio=""
+	bench_topic bench.enqueue bench.enqueue.librdkafka
 	for config in paused paused_async running; do
 		relay=${config%_async}
 		pgoptions=""

@@ -1,14 +1,16 @@
 # bench/lib.sh: sourced by bench/run.  The throwaway PostgreSQL and Kafka
-# stand-in the benchmarks run against, SQL helpers, arithmetic and the
-# table printer.  Nothing here measures anything.
+# (the stand-in, or with KAFKA=real a 3-node Apache Kafka cluster) the
+# benchmarks run against, SQL helpers, arithmetic and the table printer.
+# Nothing here measures anything.
 #
 # Globals set by bench_start: work (temporary directory), port, brokers,
-# mock_pid.  bench_stop undoes everything bench_start did.
+# mock_pid or kafka_dir.  bench_stop undoes everything bench_start did.
 
 work=""
 port=${BENCH_PORT:-55439}
 brokers=""
 mock_pid=""
+kafka_dir=""    # the real cluster's directory (tools/kafka-cluster), KAFKA=real
 pg_started=0
 # PIDs of background jobs a benchmark started; bench_stop ends them.
 bench_jobs=""
@@ -31,10 +33,22 @@ bench_start()
 {
 	work=$(obx_workdir bench)
 
-	"$root/tools/obx-kafka-mock" --state-file "$work/mock.state" </dev/null >"$work/mock.log" 2>&1 &
-	mock_pid=$!
-	wait_for 30 "the Kafka stand-in" test -f "$work/mock.state"
-	brokers=$(sed -n 's/^bootstrap=//p' "$work/mock.state")
+	if [ "${KAFKA:-}" = real ]; then
+		# Three KRaft nodes on loopback; topics are made by bench_topic.
+		kafka_dir=$work/kafka
+		brokers=$("$root/tools/kafka-cluster" start "$kafka_dir" --nodes 3 | tail -1)
+		# A fresh cluster's brokers load their transaction coordinators
+		# (which hand idempotent producers their ids) only now: wait until
+		# idempotent producers get theirs at once, so that no timed
+		# producer waits for one.
+		bench_topic bench.warmup
+		wait_for 120 "the brokers to hand out producer ids" kafka_ready
+	else
+		"$root/tools/obx-kafka-mock" --state-file "$work/mock.state" </dev/null >"$work/mock.log" 2>&1 &
+		mock_pid=$!
+		wait_for 30 "the Kafka stand-in" test -f "$work/mock.state"
+		brokers=$(sed -n 's/^bootstrap=//p' "$work/mock.state")
+	fi
 
 	local preload="obx"
 	[ "${BENCH_STATEMENTS:-0}" = 1 ] && preload="obx,pg_stat_statements"
@@ -78,6 +92,46 @@ bench_stop()
 		wait "$mock_pid" 2>/dev/null || true
 		mock_pid=""
 	fi
+	if [ -n "$kafka_dir" ]; then
+		"$root/tools/kafka-cluster" stop "$kafka_dir" || true
+		kafka_dir=""
+	fi
+}
+
+# kafka_ready: six idempotent producers in a row, each to whichever
+# broker librdkafka picks, got their producer id without "Coordinator load
+# in progress".
+kafka_ready()
+{
+	local i err
+	for i in 1 2 3 4 5 6; do
+		err=$(echo warm | kcat -P -b "$brokers" -t bench.warmup \
+			-X enable.idempotence=true -X acks=all 2>&1) || return 1
+		[ -z "$err" ] || return 1
+	done
+}
+
+# kafka_description: what the benchmarks' Kafka is, for the header.
+kafka_description()
+{
+	if [ -n "$kafka_dir" ]; then
+		echo "Kafka: Apache Kafka $OBX_KAFKA_VERSION, 3 KRaft nodes (broker and controller each) on loopback (tools/kafka-cluster); topics with 4 partitions, replication factor 3, min.insync.replicas 2, message.timestamp.type LogAppendTime"
+	else
+		echo "stand-in: tools/obx-kafka-mock (3 brokers, 4 partitions per topic)"
+	fi
+}
+
+# bench_topic NAME...: with KAFKA=real, create the topics a benchmark is
+# about to use, as kafka_description says (one JVM start each, before
+# anything is timed); with the stand-in nothing, it makes them on first use.
+bench_topic()
+{
+	[ -n "$kafka_dir" ] || return 0
+	local t
+	for t in "$@"; do
+		"$root/tools/kafka-cluster" topic "$kafka_dir" "$t" 4 \
+			message.timestamp.type=LogAppendTime min.insync.replicas=2
+	done
 }
 
 # pg_phase SETTING...: restart the server with exactly these per-benchmark

@@ -37,6 +37,7 @@ bench_soak()
 	echo
 	echo "== 4. soak: $total events at $rate/s (~$((total / rate))s), obx.retention = '$retention' (load average $(machine_load))"
 
+	bench_topic bench.soak
 	pg_phase "obx.retention = '$retention'"
 	local retention_s
 	retention_s=$(sql_value "SELECT setting FROM pg_settings WHERE name = 'obx.retention'")

@@ -57,8 +57,15 @@ obx_install_packages()
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
 }
 
-# The PostgreSQL 15 server binaries (initdb, pg_ctl) are not on Debian's PATH.
-export PATH="/usr/lib/postgresql/15/bin:$PATH"
+# The PostgreSQL 15 server binaries (initdb, pg_ctl) are not on Debian's
+# PATH.  With PG_CONFIG set (`make install` then goes to that installation),
+# the demo and the benchmarks run that installation's server, with the obx
+# just built.
+if [ -n "${PG_CONFIG:-}" ] && [ -x "$PG_CONFIG" ]; then
+	export PATH="$("$PG_CONFIG" --bindir):$PATH"
+else
+	export PATH="/usr/lib/postgresql/15/bin:$PATH"
+fi
 
 # obx_as_postgres CMD...: run a command as the postgres OS user when we are
 # root (initdb and pg_regress refuse to run as root), else as ourselves.

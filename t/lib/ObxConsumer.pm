@@ -19,7 +19,7 @@ use ObxTest;
 
 our @EXPORT = qw(produce partition_ends wait_caught_up consumer_totals
   partition_status create_effects effects_per_event handler_calls
-  consumer_pids wait_consumer_pids find_message);
+  consumer_pids wait_consumer_pids find_message group_offsets);
 
 # produce($mock, $topic, @messages): produce each message with kcat, in
 # the order given, and wait for the broker to acknowledge them.  A message
@@ -236,6 +236,26 @@ sub wait_consumer_pids
 		"SELECT count(*) = $n FROM pg_stat_activity WHERE backend_type = 'obx consumer'")
 	  or die "expected $n consumer workers";
 	return consumer_pids($node);
+}
+
+# group_offsets($kafka, $group, $topic): partition => [ committed offset,
+# log end offset ] of a consumer group on a real Kafka cluster, as the
+# broker's group coordinator has them (kafka-consumer-groups --describe, by
+# way of tools/kafka-cluster).  A partition the group never committed an
+# offset for is absent or has '-' as its committed offset.  Dies if the
+# tool fails (say, while the coordinator moves).
+sub group_offsets
+{
+	my ($kafka, $group, $topic) = @_;
+	my %o;
+	for my $line (split /\n/,
+		kafka_cluster($kafka, 'groups', '--describe', '--group', $group))
+	{
+		my @f = split ' ', $line;
+		next unless @f >= 5 && $f[0] eq $group && $f[1] eq $topic && $f[2] =~ /^\d+$/;
+		$o{ $f[2] } = [ $f[3], $f[4] ];
+	}
+	return \%o;
 }
 
 1;
