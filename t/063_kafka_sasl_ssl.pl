@@ -13,6 +13,8 @@
 # 3. The right password again (a reload): publishing resumes, the broker
 #    holds exactly the committed set, and the consumer applies the events
 #    of the outage once each.
+# Before all that, a CA file that cannot be read shows in obx.workers, and
+# the relays keep running.
 # Throughout, neither password appears in obx's views, its error texts or
 # the server log (PostgreSQL's own line reporting the changed setting on
 # reload excepted: see ObxSecure::set_kafka_credentials).
@@ -55,6 +57,20 @@ sub q1 { $node->safe_psql('postgres', $_[0]) }
 
 create_effects($node);
 q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'], 'shop.record(obx.inbound_event)')});
+
+############################################################################
+# 0. A CA file librdkafka cannot read: the producer cannot be built.  The
+#    relay says why in obx.workers and keeps running (it used to crash in
+#    librdkafka when cleaning up after the failed rd_kafka_new()).
+############################################################################
+my $relays_before = relay_pids($node);
+set_kafka_credentials($node,
+	sasl_ssl_properties($kafka, 'ssl.ca.location' => '/nonexistent/obx-test-ca.pem'));
+ok($node->poll_query_until('postgres', qq{
+	SELECT count(*) = $nworkers FROM obx.workers
+	 WHERE state = 'broker down' AND last_error LIKE 'ssl.ca.location failed%'}),
+	'an unreadable CA file: each relay shows "broker down" and the reason in obx.workers');
+is_deeply(relay_pids($node), $relays_before, 'the relays kept running');
 
 set_kafka_credentials($node, sasl_ssl_properties($kafka));
 
