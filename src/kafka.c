@@ -43,6 +43,7 @@ struct ObxProducer
 {
 	rd_kafka_t *rk;
 	rd_kafka_queue_t *mainq;
+	int worker; /* the relay worker whose obx.workers row shows its errors */
 	int pipefd[2];
 	bool fatal;                    /* idempotence broke: rebuild the producer */
 	TimestampTz broker_trouble_at; /* last connection error, or 0 */
@@ -98,6 +99,7 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		ev->outcome = OBX_OUTCOME_FAILED;
 		ev->err = msg->err;
 		ev->error_class = obx_kafka_classify(msg->err);
+		ev->partition = msg->partition;
 	}
 }
 
@@ -146,10 +148,17 @@ static void
 error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
 	ObxProducer *producer = (ObxProducer *) opaque;
+	char shown[256];
 
+	/*
+	 * Refused credentials or a failed TLS handshake keep every broker out
+	 * of reach just as a network failure does.
+	 */
 	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
 		err == RD_KAFKA_RESP_ERR__TRANSPORT ||
-		err == RD_KAFKA_RESP_ERR__RESOLVE)
+		err == RD_KAFKA_RESP_ERR__RESOLVE ||
+		err == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
+		err == RD_KAFKA_RESP_ERR__SSL)
 		producer->broker_trouble_at = GetCurrentTimestamp();
 	if (err == RD_KAFKA_RESP_ERR__FATAL)
 	{
@@ -163,6 +172,14 @@ error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 				 errdetail("The producer is rebuilt; undelivered events are retried with the same ids.")));
 		return;
 	}
+	/*
+	 * obx.workers shows it too, so that a connection or authentication
+	 * failure is visible before (and besides) the delivery timeouts it
+	 * causes.  librdkafka's reasons name the broker and the failure, never
+	 * a configured value such as sasl.password.
+	 */
+	snprintf(shown, sizeof(shown), "%s: %s", rd_kafka_err2name(err), reason);
+	obx_status_error(producer->worker, shown);
 	ereport(WARNING,
 			(errcode(ERRCODE_CONNECTION_FAILURE),
 			 errmsg("obx Kafka error %s: %s", rd_kafka_err2name(err), reason)));
@@ -310,13 +327,14 @@ obx_kafka_new(int type, rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 
 /*
  * obx_kafka_create
- *		Build an idempotent producer (acks=all) from the current settings.
+ *		Build an idempotent producer (acks=all) from the current settings,
+ *		for relay worker number worker.
  *
  * Returns NULL with a message in errbuf when the configuration is
  * rejected; the caller tries again a few seconds later.
  */
 ObxProducer *
-obx_kafka_create(char *errbuf, size_t errlen)
+obx_kafka_create(int worker, char *errbuf, size_t errlen)
 {
 	ObxProducer *producer;
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
@@ -324,6 +342,7 @@ obx_kafka_create(char *errbuf, size_t errlen)
 
 	producer = MemoryContextAllocZero(TopMemoryContext, sizeof(ObxProducer));
 	producer->pipefd[0] = producer->pipefd[1] = -1;
+	producer->worker = worker;
 
 	snprintf(timeout, sizeof(timeout), "%d", obx_delivery_timeout_ms);
 
@@ -377,7 +396,14 @@ obx_kafka_create(char *errbuf, size_t errlen)
 	producer->rk = obx_kafka_new(RD_KAFKA_PRODUCER, conf, errbuf, errlen);
 	if (producer->rk == NULL)
 	{
-		rd_kafka_conf_destroy(conf);
+		/*
+		 * conf is not destroyed: a failed rd_kafka_new() (librdkafka 2.0,
+		 * e.g. an unreadable ssl.ca.location) has already freed the
+		 * interceptors conf shares with the handle it gave up on, and
+		 * destroying conf frees them again and crashes the worker.  The
+		 * rest of conf leaks, once per attempt (every few seconds while
+		 * the settings stay wrong).
+		 */
 		pfree(producer);
 		return NULL;
 	}
@@ -573,12 +599,72 @@ obx_kafka_produce(ObxProducer *producer, ObxBatch *batch)
 		{
 			rd_kafka_headers_destroy(hdrs);
 			ev->outcome = OBX_OUTCOME_FAILED;
+			ev->refused_locally = true;
 			ev->err = err;
 			ev->error_class = obx_kafka_classify(err);
 			held[nheld++] = ev;
 		}
 	}
 	learn_topics(producer, batch);
+}
+
+/* The bytes of an event that count toward Kafka's size limits, roughly. */
+static int
+event_bytes(const ObxEvent *ev)
+{
+	return ev->payload_len + (int) strlen(ev->key);
+}
+
+static bool
+refused_as_too_large(const ObxEvent *ev)
+{
+	return ev->outcome == OBX_OUTCOME_FAILED && !ev->refused_locally &&
+		   ev->err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE;
+}
+
+/*
+ * obx_kafka_blame_oversize
+ *		Keep a broker's MSG_SIZE_TOO_LARGE on the events that caused it.
+ *
+ * A broker refuses a whole record batch (the messages librdkafka sent
+ * together to one partition) that exceeds the topic's max.message.bytes,
+ * and librdkafka reports the error on every message of it: events that
+ * would fit share the fate of the one that cannot.  (The Java producer
+ * splits such a batch and sends it again; librdkafka does not.)  Of the
+ * events of this batch so refused in one partition, only the largest keep
+ * the error (permanent: quarantined); the others become unsent, so the
+ * record releases them without counting the attempt and the next claim
+ * sends them again, without it.  An event refused alone keeps the error.
+ * Call once every report of the batch is in; returns how many it released.
+ */
+int
+obx_kafka_blame_oversize(ObxBatch *batch)
+{
+	int released = 0;
+	int i;
+	int j;
+
+	for (i = 0; i < batch->nevents; i++)
+	{
+		ObxEvent *ev = &batch->events[i];
+
+		if (!refused_as_too_large(ev))
+			continue;
+		for (j = 0; j < batch->nevents; j++)
+		{
+			ObxEvent *other = &batch->events[j];
+
+			if (refused_as_too_large(other) && other->partition == ev->partition &&
+				strcmp(other->topic, ev->topic) == 0 &&
+				event_bytes(other) > event_bytes(ev))
+			{
+				ev->outcome = OBX_OUTCOME_UNSENT;
+				released++;
+				break;
+			}
+		}
+	}
+	return released;
 }
 
 /*

@@ -210,7 +210,8 @@ typedef struct ObxEvent
 	ObxOutcome outcome;
 	int err; /* rd_kafka_resp_err_t when FAILED */
 	ObxErrorClass error_class;
-	int32 partition;
+	bool refused_locally; /* FAILED by librdkafka at produce, never sent */
+	int32 partition;      /* where it landed, or was refused */
 	int64 offset;
 	/*
 	 * When librdkafka received Kafka's acknowledgement, set on its broker
@@ -262,10 +263,11 @@ extern void obx_outbox_analyze(void);
 
 /* kafka.c: no transaction or SPI calls in it */
 typedef struct ObxProducer ObxProducer;
-extern ObxProducer *obx_kafka_create(char *errbuf, size_t errlen);
+extern ObxProducer *obx_kafka_create(int worker, char *errbuf, size_t errlen);
 extern void obx_kafka_destroy(ObxProducer *producer, int flush_ms);
 extern int obx_kafka_event_fd(ObxProducer *producer);
 extern void obx_kafka_produce(ObxProducer *producer, ObxBatch *batch);
+extern int obx_kafka_blame_oversize(ObxBatch *batch);
 extern void obx_kafka_serve(ObxProducer *producer);
 extern void obx_kafka_purge(ObxProducer *producer);
 extern bool obx_kafka_broken(ObxProducer *producer);

@@ -838,9 +838,10 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 		ObxEvent *ev = events[i];
 
 		classes[i] = CStringGetTextDatum(obx_error_class_name(ev->error_class));
-		messages[i] = CStringGetTextDatum(psprintf("%s: %s",
+		messages[i] = CStringGetTextDatum(psprintf("%s: %s%s",
 												   obx_kafka_error_name(ev->err),
-												   obx_kafka_error_text(ev->err)));
+												   obx_kafka_error_text(ev->err),
+												   ev->refused_locally ? " (refused by librdkafka, not sent)" : ""));
 		if (i < OBX_LOGGED_FAILURES)
 			ereport(WARNING,
 					(errcode(ERRCODE_CONNECTION_FAILURE),

@@ -361,8 +361,15 @@ land_flight(Flight *f)
 	int failed = 0;
 	const char *last_error = NULL;
 	TimestampTz recorded_since;
+	int released;
 	int i;
 
+	released = obx_kafka_blame_oversize(batch);
+	if (released > 0)
+		ereport(LOG,
+				(errmsg("obx relay %d: %d events refused by the broker with a larger one (MSG_SIZE_TOO_LARGE) are sent again",
+						my_worker, released),
+				 errdetail("The broker refuses a whole record batch over the topic's max.message.bytes; only its largest event keeps the error.")));
 	for (i = 0; i < batch->nevents; i++)
 	{
 		ObxEvent *ev = &batch->events[i];
@@ -650,7 +657,7 @@ obx_relay_main(Datum main_arg)
 				wait_for_work(ms_until(next_producer_try));
 				continue;
 			}
-			producer = obx_kafka_create(errbuf, sizeof(errbuf));
+			producer = obx_kafka_create(my_worker, errbuf, sizeof(errbuf));
 			rebuild_producer = false;
 			free_wait_set(); /* the next wait watches the new producer's pipe */
 			if (producer == NULL)
