@@ -1,5 +1,6 @@
 # SASL_SSL against a real Kafka cluster: TLS with the cluster's own CA and
-# SCRAM-SHA-512 credentials, given to obx through obx.kafka_properties.
+# SCRAM-SHA-512 credentials, given to obx through obx.kafka_properties_file
+# (the secrets) and obx.kafka_properties (the rest).
 #
 # 1. The relay publishes and the in-database consumer consumes through the
 #    secured listener exactly as on plaintext: the broker holds exactly the
@@ -16,8 +17,8 @@
 # Before all that, a CA file that cannot be read shows in obx.workers, and
 # the relays keep running.
 # Throughout, neither password appears in obx's views, its error texts or
-# the server log (PostgreSQL's own line reporting the changed setting on
-# reload excepted: see ObxSecure::set_kafka_credentials).
+# any line of the server log (log_min_messages = debug1, every statement
+# logged).
 #
 # The cluster's PLAINTEXT listener (a super user's) is only the test's way
 # to look at what the broker holds (kcat); obx uses the SASL_SSL one alone.
