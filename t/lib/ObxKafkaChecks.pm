@@ -36,13 +36,15 @@ sub copies_agree
 	return scalar(@$msgs) - scalar(keys %first);
 }
 
-# topic_writable($kafka, $topic, $parts): whether the topic's metadata, as
-# kcat gets it, shows every one of its $parts partitions with a leader and
-# at least two replicas in sync (min.insync.replicas of the test
-# clusters): an acks=all write to any partition can then succeed.
+# topic_writable($kafka, $topic, $parts, $isr): whether the topic's
+# metadata, as kcat gets it, shows every one of its $parts partitions with
+# a leader and at least $isr replicas in sync (default 2, the
+# min.insync.replicas of the test clusters: an acks=all write to any
+# partition can then succeed; 3 means fully replicated again).
 sub topic_writable
 {
-	my ($kafka, $topic, $parts) = @_;
+	my ($kafka, $topic, $parts, $isr) = @_;
+	$isr //= 2;
 	my ($out, $err) = ('', '');
 	IPC::Run::run([ 'kcat', '-L', '-b', $kafka->{bootstrap}, '-t', $topic, '-m', '2' ],
 		'<', \undef, '>', \$out, '2>', \$err,
@@ -50,8 +52,8 @@ sub topic_writable
 	my $ok = 0;
 	while ($out =~ /partition \d+, leader (-?\d+), replicas: [\d,]+, isrs: ([\d,]+)/g)
 	{
-		my @isr = split /,/, $2;
-		$ok++ if $1 > 0 && @isr >= 2;
+		my @in_sync = split /,/, $2;
+		$ok++ if $1 > 0 && @in_sync >= $isr;
 	}
 	return $ok == $parts;
 }
