@@ -145,9 +145,10 @@ sub leaders
 	note "leaders before the kill: "
 	  . join(', ', map { "$_:$leaders->{$_}" } sort keys %$leaders);
 
-	my $kill_at = $node->safe_psql('postgres', 'SELECT clock_timestamp()');
 	my $before = committed_count($topic);
 	kafka_cluster($kafka, 'kill', $victim);
+	# The kill command returns once the process is gone.
+	my $kill_at = $node->safe_psql('postgres', 'SELECT clock_timestamp()');
 	note "broker $victim, leader of $led{$victim} of $parts partitions, killed (-9)";
 
 	# Its partitions move to the two brokers left, and events keep flowing
