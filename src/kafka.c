@@ -60,7 +60,7 @@ struct ObxProducer
 /*
  * A connection error within this window, with no delivery since, means the
  * brokers are down.  librdkafka retries connections at least every
- * reconnect.backoff.max.ms (10 s by default) and reports each failure.
+ * reconnect.backoff.max.ms (see obx_kafka_create) and reports each failure.
  */
 #define OBX_BROKER_TROUBLE_WINDOW_MS 30000
 
@@ -352,6 +352,12 @@ obx_kafka_create(int worker, char *errbuf, size_t errlen)
 	 * only add its own wait.  Nagle's algorithm off: with it on, a request
 	 * written while the broker has not yet acknowledged the previous one
 	 * on that connection waits for that acknowledgement.
+	 *
+	 * Reconnects: librdkafka doubles the wait between attempts to reach a
+	 * broker up to reconnect.backoff.max.ms, 10 s by default, so after an
+	 * outage of every broker the backlog could wait that long once the
+	 * cluster is back.  A quarter of a second keeps that wait short; a
+	 * refused connection costs next to nothing.
 	 */
 	if (!obx_kafka_set(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
 		!obx_kafka_set(conf, "client.id", "obx", errbuf, errlen) ||
@@ -361,6 +367,8 @@ obx_kafka_create(int worker, char *errbuf, size_t errlen)
 		!obx_kafka_set(conf, "partitioner", "murmur2_random", errbuf, errlen) ||
 		!obx_kafka_set(conf, "linger.ms", "1", errbuf, errlen) ||
 		!obx_kafka_set(conf, "socket.nagle.disable", "true", errbuf, errlen) ||
+		!obx_kafka_set(conf, "reconnect.backoff.ms", "50", errbuf, errlen) ||
+		!obx_kafka_set(conf, "reconnect.backoff.max.ms", "250", errbuf, errlen) ||
 		!obx_kafka_user_properties(conf, errbuf, errlen))
 	{
 		rd_kafka_conf_destroy(conf);
@@ -766,6 +774,17 @@ obx_kafka_classify(int err)
 		default:
 			return OBX_ERROR_OTHER;
 	}
+}
+
+/*
+ * obx_kafka_timed_out
+ *		Whether librdkafka gave up on a message after message.timeout.ms
+ *		(obx.delivery_timeout): the attempt has waited that long already.
+ */
+bool
+obx_kafka_timed_out(int err)
+{
+	return err == RD_KAFKA_RESP_ERR__MSG_TIMED_OUT;
 }
 
 const char *

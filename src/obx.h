@@ -273,6 +273,7 @@ extern void obx_kafka_purge(ObxProducer *producer);
 extern bool obx_kafka_broken(ObxProducer *producer);
 extern bool obx_kafka_brokers_down(ObxProducer *producer);
 extern ObxErrorClass obx_kafka_classify(int err);
+extern bool obx_kafka_timed_out(int err);
 extern const char *obx_kafka_error_name(int err);
 extern const char *obx_kafka_error_text(int err);
 extern const char *obx_error_class_name(ObxErrorClass cls);

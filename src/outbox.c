@@ -169,16 +169,22 @@ static const char *end_lease_sql =
  * the batch's lease still exists (held_sql), so a worker whose lease
  * expired cannot undo a newer claim.  attempts is the attempts that ended,
  * this one included after the update: the n-th failure waits
- * obx.backoff_min * 2^(n-1).
+ * obx.backoff_min * 2^(n-1).  An attempt that timed out ($7: librdkafka
+ * gave up after obx.delivery_timeout, as when every broker is down) has
+ * waited already and is due again at once: while the brokers are away its
+ * event then waits inside librdkafka, which sends it as soon as a broker
+ * answers, instead of in a backoff that outlasts the outage.
  */
 static const char *failed_sql =
 	"WITH f AS ("
-	"  SELECT d.id, d.cls, d.msg, e.failures + (d.cls <> 'transient')::pg_catalog.int4 AS failures,"
+	"  SELECT d.id, d.cls, d.msg, d.timed_out,"
+	"         e.failures + (d.cls <> 'transient')::pg_catalog.int4 AS failures,"
 	"         (d.cls = 'permanent'"
 	"          OR (d.cls = 'other' AND e.failures + 1 >= $2)) AS quarantine"
 	"    FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"
 	"                    pg_catalog.unnest($5::pg_catalog.text[]),"
-	"                    pg_catalog.unnest($6::pg_catalog.text[])) AS d(id, cls, msg)"
+	"                    pg_catalog.unnest($6::pg_catalog.text[]),"
+	"                    pg_catalog.unnest($7::pg_catalog.bool[])) AS d(id, cls, msg, timed_out)"
 	"    JOIN obx.outbox_events e ON e.id = d.id"
 	")"
 	"UPDATE obx.outbox_events e"
@@ -186,6 +192,7 @@ static const char *failed_sql =
 	"       failures = f.failures, attempts = e.attempts + 1,"
 	"       quarantined_at = CASE WHEN f.quarantine THEN pg_catalog.now() END,"
 	"       next_attempt_at = CASE WHEN f.quarantine THEN '-infinity'"
+	"           WHEN f.timed_out THEN pg_catalog.now()"
 	"           ELSE pg_catalog.now() + pg_catalog.make_interval(secs =>"
 	"               least($4::pg_catalog.float8,"
 	"                     $3::pg_catalog.float8 * pg_catalog.power(2, least(e.attempts, 40))) / 1000)"
@@ -346,10 +353,10 @@ prepare_plans(void)
 		delivered_end_plan = obx_prepare_kept(delivered_end_sql, 5, types);
 	}
 	{
-		Oid types[6] = {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID,
-						TEXTARRAYOID, TEXTARRAYOID};
+		Oid types[7] = {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID,
+						TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
 
-		failed_plan = obx_prepare_kept(failed_sql, 6, types);
+		failed_plan = obx_prepare_kept(failed_sql, 7, types);
 	}
 	{
 		Oid types[1] = {INT8OID};
@@ -828,7 +835,8 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 {
 	Datum *classes = palloc(sizeof(Datum) * n);
 	Datum *messages = palloc(sizeof(Datum) * n);
-	Datum args[6];
+	Datum *timed_out = palloc(sizeof(Datum) * n);
+	Datum args[7];
 	int i;
 	int rc;
 	uint64 j;
@@ -842,6 +850,7 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 												   obx_kafka_error_name(ev->err),
 												   obx_kafka_error_text(ev->err),
 												   ev->refused_locally ? " (refused by librdkafka, not sent)" : ""));
+		timed_out[i] = BoolGetDatum(obx_kafka_timed_out(ev->err));
 		if (i < OBX_LOGGED_FAILURES)
 			ereport(WARNING,
 					(errcode(ERRCODE_CONNECTION_FAILURE),
@@ -864,6 +873,7 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 	args[3] = Float8GetDatum((double) obx_backoff_max_ms);
 	args[4] = PointerGetDatum(construct_array(classes, n, TEXTOID, -1, false, TYPALIGN_INT));
 	args[5] = PointerGetDatum(construct_array(messages, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[6] = PointerGetDatum(construct_array(timed_out, n, BOOLOID, 1, true, TYPALIGN_CHAR));
 	rc = SPI_execute_plan(failed_plan, args, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "obx could not record publish errors: %s",

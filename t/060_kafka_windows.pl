@@ -1,0 +1,372 @@
+# The seed's failure windows against a real Kafka cluster.
+#
+# One three-node Apache Kafka cluster (tools/kafka-cluster, KRaft,
+# replication factor 3, min.insync.replicas 2) and one PostgreSQL node with
+# three relay workers serve four windows, each on a topic of its own; after
+# each, the broker's set of event ids must equal the committed set, per key
+# the broker order (first copies) must be the enqueue order, and any
+# duplicate must be a copy of the same event (same event_id, key, payload):
+#
+# (a) rollback (t/001): events of rolled-back transactions and savepoints
+#     never reach Kafka;
+# (b) concurrent producers (t/021): eight pgbench clients lock an order
+#     row and enqueue for it, a fifth of them roll back, one transaction
+#     enqueues first and commits last; three workers claim small batches;
+#     no duplicates in this crash-free run;
+# (c) restart with events pending (t/012): every broker paused (SIGSTOP),
+#     so the relays' batches stay in flight, then an immediate stop and a
+#     clean restart of PostgreSQL, the application committing all along
+#     without waiting on Kafka; the brokers resume and everything arrives;
+# (d) Kafka acknowledged, the worker killed (-9) before published_at
+#     (t/010): a session holds the event's row lock, so the relay's record
+#     waits on it after the acknowledgement; the relay is killed there, the
+#     instance recovers, and the event is sent again with the same id.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use ObxTest;
+use ObxKafkaChecks;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $t0 = time();
+my $kafka = start_kafka(nodes => 3);
+note sprintf('Kafka cluster up in %.1f s', time() - $t0);
+
+# restart_after_crash: the test harness turns it off; window (d) needs the
+# instance to recover from the relay's SIGKILL.
+my $node = obx_node('kafka_windows', $kafka,
+	'obx.workers' => 3,
+	'obx.batch_size' => 50,
+	'obx.lease_timeout' => "'9s'",
+	'restart_after_crash' => 'on',
+	'max_connections' => 40);
+relay_ready($node, 3);
+
+# check_window($topic, \@committed): the broker holds exactly the committed
+# events of the topic, in enqueue order per key, copies agreeing.  Returns
+# the messages and the number of duplicates.
+sub check_window
+{
+	my ($topic, $ids) = @_;
+	my $msgs = broker_holds_exactly($kafka, $node, $topic, $ids, "topic = '$topic'");
+	my $dups = copies_agree($msgs, $topic);
+	note sprintf('%s: %d messages, %d duplicates', $topic, scalar(@$msgs), $dups);
+	return ($msgs, $dups);
+}
+
+############################################################################
+# (a) rollback
+############################################################################
+{
+	my $t = time();
+	my $topic = 'orders.rollback.v1';
+	my (%committed, %rolled_back);
+	for my $i (1 .. 20)
+	{
+		my $key = "ord_$i";
+		my $id = $node->safe_psql('postgres',
+			"SELECT obx.enqueue('$topic', '$key', '{\"n\": $i}')");
+		$committed{$id} = 1;
+
+		# A rolled-back transaction: its id is returned inside it, then gone.
+		my $gone = $node->safe_psql('postgres', qq{
+			BEGIN;
+			CREATE TEMP TABLE ids ON COMMIT DROP AS
+				SELECT obx.enqueue('$topic', '$key', '{"n": -$i}') AS id;
+			SELECT id FROM ids;
+			ROLLBACK;});
+		$rolled_back{$gone} = 1;
+
+		# A savepoint rolled back inside a transaction that commits.
+		my $out = $node->safe_psql('postgres', qq{
+			BEGIN;
+			SELECT 'kept', obx.enqueue('$topic', '$key', '{"n": $i, "kept": true}');
+			SAVEPOINT s;
+			SELECT 'undone', obx.enqueue('$topic', '$key', '{"n": -$i, "undone": true}');
+			ROLLBACK TO SAVEPOINT s;
+			COMMIT;});
+		for my $line (split /\n/, $out)
+		{
+			my ($what, $eid) = split /\|/, $line;
+			$what eq 'kept' ? ($committed{$eid} = 1) : ($rolled_back{$eid} = 1);
+		}
+	}
+	is(scalar(keys %rolled_back), 40, 'rollback: 40 rolled-back event ids were handed out');
+
+	my ($msgs) = check_window($topic, [ keys %committed ]);
+	my $seen = event_ids_at_broker($msgs);
+	is(scalar(grep { $seen->{$_} } keys %rolled_back), 0,
+		'rollback: no rolled-back event reached the broker');
+	is($node->safe_psql('postgres',
+		'SELECT count(*) FROM obx.outbox_events WHERE id IN (' . in_list(keys %rolled_back) . ')'),
+		'0', 'rollback: no rolled-back event exists in the outbox');
+	note sprintf('window (a) took %.1f s', time() - $t);
+}
+
+############################################################################
+# (b) concurrent producers
+############################################################################
+{
+	my $t = time();
+	my $norders = 200;
+	my $clients = 8;
+	my $per_client = 150;
+	my $topic = 'orders.concurrent.v1';
+
+	$node->safe_psql('postgres', qq{
+		CREATE TABLE orders (
+			id		int PRIMARY KEY,
+			version	int NOT NULL DEFAULT 0,
+			events	int NOT NULL DEFAULT 0);
+		INSERT INTO orders (id) SELECT g FROM generate_series(1, $norders) g;});
+
+	my $commit_script = qq{
+\\set id random(1, $norders)
+\\set n random(1, 3)
+BEGIN;
+SELECT version FROM orders WHERE id = :id FOR UPDATE;
+UPDATE orders SET version = version + 1, events = events + :n WHERE id = :id RETURNING version \\gset
+SELECT obx.enqueue('$topic', 'ord_' || :id, jsonb_build_object('order', :id, 'version', :version, 'i', 1));
+\\if :n >= 2
+SELECT obx.enqueue('$topic', 'ord_' || :id, jsonb_build_object('order', :id, 'version', :version, 'i', 2));
+\\endif
+\\if :n >= 3
+SELECT obx.enqueue('$topic', 'ord_' || :id, jsonb_build_object('order', :id, 'version', :version, 'i', 3));
+\\endif
+COMMIT;
+};
+	my $rollback_script = qq{
+\\set id random(1, $norders)
+BEGIN;
+SELECT version FROM orders WHERE id = :id FOR UPDATE;
+UPDATE orders SET version = version + 1, events = events + 2 WHERE id = :id;
+SELECT obx.enqueue('$topic', 'ord_' || :id, jsonb_build_object('order', :id, 'version', -1, 'rb', true));
+SELECT obx.enqueue('$topic', 'ord_' || :id, jsonb_build_object('order', :id, 'version', -1, 'rb', true));
+ROLLBACK;
+};
+
+	# The late committer: takes its seq first, commits last.
+	my $late = $node->background_psql('postgres');
+	$late->set_query_timer_restart;
+	my $late_id = $late->query_safe(
+		qq{BEGIN; SELECT obx.enqueue('$topic', 'late', '{"order": "late"}');});
+
+	my $total = $clients * $per_client;
+	$node->pgbench(
+		"--no-vacuum --client=$clients --jobs=2 --transactions=$per_client",
+		0,
+		[qr{processed: $total/$total}],
+		[qr{^$}],
+		'concurrent: pgbench committing and rolling-back producers',
+		{
+			'060_commit.sql@4' => $commit_script,
+			'060_rollback.sql@1' => $rollback_script,
+		});
+	ok(all_published($node), 'concurrent: every event committed by pgbench is published');
+	$late->query_safe('COMMIT');
+	$late->quit;
+	ok(all_published($node), 'concurrent: the late-committing event is published too');
+
+	my $committed = 1 + $node->safe_psql('postgres', 'SELECT sum(events) FROM orders');
+	my @ids = split /\n/, $node->safe_psql('postgres',
+		"SELECT id FROM obx.outbox_events WHERE topic = '$topic'");
+	is(scalar(@ids), $committed, "concurrent: the outbox holds exactly the $committed committed events");
+	is($node->safe_psql('postgres', qq{
+		SELECT count(*) FROM obx.outbox_events
+		 WHERE topic = '$topic' AND (payload->>'rb')::boolean}),
+		'0', 'concurrent: no event of a rolled-back transaction is in the outbox');
+	my ($msgs, $dups) = check_window($topic, \@ids);
+	is($dups, 0, 'concurrent: no duplicates in a crash-free run');
+	is(scalar(grep { ($_->{payload} // '') =~ /"rb"/ } @$msgs), 0,
+		'concurrent: no rolled-back event reached the broker');
+	my $landing = $node->safe_psql('postgres',
+		"SELECT id, kafka_partition, kafka_offset FROM obx.outbox_events WHERE topic = '$topic'");
+	my %landed = map { my ($id, $p, $o) = split /\|/; ($id => "$p/$o") } split /\n/, $landing;
+	is(scalar(grep { ($landed{ $_->{event_id} } // '') ne "$_->{partition}/$_->{offset}" } @$msgs),
+		0, 'concurrent: the partition and offset recorded in the outbox are where each event landed');
+	ok($node->safe_psql('postgres',
+		'SELECT count(*) >= 2 FROM obx.workers WHERE published > 0') eq 't',
+		'concurrent: several workers published');
+	note sprintf('window (b): %d events; took %.1f s', $committed, time() - $t);
+}
+
+############################################################################
+# (c) PostgreSQL restarts with events pending, every broker paused
+############################################################################
+{
+	my $t = time();
+	my $topic = 'orders.restart_pending.v1';
+	my $nkeys = 20;
+	my $n = 0;
+	my $slowest = 0;
+
+	# Known to the producers before the pause.
+	my @committed = ($node->safe_psql('postgres',
+		"SELECT obx.enqueue('$topic', 'warmup', '{}')"));
+	ok(all_published($node), 'restart: warm-up event published');
+
+	# enqueue_wave($wave, $ntx): $ntx transactions of 10 events, keys
+	# spread, each statement under statement_timeout.  Returns the ids.
+	my $enqueue_wave = sub {
+		my ($wave, $ntx) = @_;
+		my @ids;
+		for my $tx (1 .. $ntx)
+		{
+			my $sql = "SET statement_timeout = '5s';\nBEGIN;\n";
+			for (1 .. 10)
+			{
+				$n++;
+				my $key = 'ord_' . ($n % $nkeys);
+				$sql .= "SELECT obx.enqueue('$topic', '$key', '{\"wave\": $wave, \"n\": $n}');\n";
+			}
+			$sql .= "COMMIT;\n";
+			my $start = time();
+			my ($ret, $out, $err) = $node->psql('postgres', $sql, on_error_stop => 1);
+			my $took = time() - $start;
+			$slowest = $took if $took > $slowest;
+			is($ret, 0, "restart: wave $wave tx $tx committed with the brokers paused")
+			  or diag($err);
+			push @ids, grep { length } split /\n/, $out;
+		}
+		return @ids;
+	};
+
+	kafka_cluster($kafka, 'pause', $_) for 1 .. 3;
+
+	push @committed, $enqueue_wave->(1, 10);
+	$node->poll_query_until('postgres', 'SELECT count(*) > 0 FROM obx.leased_events')
+	  or die 'no event was ever claimed';
+	note 'leased before the immediate stop: '
+	  . $node->safe_psql('postgres', 'SELECT count(*) FROM obx.leased_events');
+	$node->stop('immediate');
+	$node->start;
+	is($node->safe_psql('postgres', qq{
+		SELECT count(*) FROM obx.outbox_events
+		 WHERE topic = '$topic' AND published_at IS NULL}),
+		scalar(@committed) - 1, 'restart: after the immediate stop every event of wave 1 is pending');
+
+	my $started_at = $node->safe_psql('postgres', 'SELECT now()');
+	push @committed, $enqueue_wave->(2, 5);
+	$node->poll_query_until('postgres', qq{
+		SELECT count(*) > 0 FROM obx.leased_events
+		 WHERE lease_until >= '$started_at'::timestamptz + interval '9 s'})
+	  or die 'nothing was claimed after the restart';
+
+	my $log_offset = -s $node->logfile;
+	$node->restart;
+	like(slurp_file($node->logfile, $log_offset), qr/obx relay \d stopped/,
+		'restart: the workers stopped cleanly with batches in flight');
+
+	push @committed, $enqueue_wave->(3, 5);
+	is($node->safe_psql('postgres', qq{
+		SELECT count(*) FROM obx.outbox_events
+		 WHERE topic = '$topic' AND published_at IS NULL AND quarantined_at IS NULL}),
+		scalar(@committed) - 1, 'restart: all 200 events pending, none published or quarantined');
+	cmp_ok($slowest, '<', 5,
+		sprintf('restart: no enqueue transaction waited on the broker (slowest %.2f s)', $slowest));
+
+	kafka_cluster($kafka, 'resume', $_) for 1 .. 3;
+	my $t_up = time();
+	ok(all_published($node), 'restart: every event published once the brokers resume');
+	note sprintf('all published %.1f s after the brokers resumed', time() - $t_up);
+	check_window($topic, \@committed);
+	is($node->safe_psql('postgres', qq{
+		SELECT count(*) FROM obx.outbox_events WHERE quarantined_at IS NOT NULL}),
+		'0', 'restart: nothing quarantined');
+	note sprintf('window (c) took %.1f s', time() - $t);
+}
+
+############################################################################
+# (d) acknowledged by Kafka, the worker killed before published_at
+############################################################################
+{
+	my $t = time();
+	my $topic = 'orders.crash_after_ack.v1';
+	relay_ready($node, 3);
+
+	# Known to the producers before the window.
+	my @warm = ($node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'warmup', '{}')"));
+	ok(all_published($node), 'crash: warm-up event published');
+
+	# The relays are stopped (SIGSTOP) while the batch commits and its
+	# victim's row is locked, so that the claim, which never touches an
+	# event's row, comes after the lock; the record of the acknowledged
+	# batch then waits on it.
+	my @relays = @{ relay_pids($node) };
+	is(scalar(@relays), 3, 'crash: three relays run');
+	kill 'STOP', @relays;
+	my @batch = split /\n/, $node->safe_psql('postgres', qq{
+		BEGIN;
+		SELECT obx.enqueue('$topic', 'ord_1', '{"n": 1}');
+		SELECT obx.enqueue('$topic', 'ord_2', '{"n": 1}');
+		SELECT obx.enqueue('$topic', 'ord_3', '{"n": 1}');
+		COMMIT;});
+	is(scalar(@batch), 3, 'crash: three events committed in one transaction');
+	my $victim = $batch[0];
+
+	my $bg = $node->background_psql('postgres', on_error_stop => 0);
+	my $bg_pid = $bg->query_safe('SELECT pg_backend_pid()');
+	$bg->query_safe(
+		"SET lock_timeout = '10s'; BEGIN; SELECT 1 FROM obx.outbox_events WHERE id = '$victim' FOR UPDATE;");
+	kill 'CONT', @relays;
+
+	# The acknowledged batch is at the broker ...
+	wait_for_broker($kafka, $topic, sub {
+		my $seen = event_ids_at_broker(shift);
+		!grep { !$seen->{$_} } @batch }, 'the claimed batch at the broker');
+
+	# ... and its relay waits on our lock: published_at is not set yet.
+	$node->poll_query_until('postgres', qq{
+		SELECT count(*) = 1 FROM pg_stat_activity
+		 WHERE backend_type = 'obx relay' AND wait_event_type = 'Lock'
+		   AND $bg_pid = ANY (pg_blocking_pids(pid))})
+	  or die 'the relay never waited on the row lock';
+	my $relay_pid = $node->safe_psql('postgres', qq{
+		SELECT pid FROM pg_stat_activity
+		 WHERE backend_type = 'obx relay' AND $bg_pid = ANY (pg_blocking_pids(pid))});
+	is($node->safe_psql('postgres',
+		"SELECT count(*) FROM obx.outbox_events WHERE id IN (@{[ in_list(@batch) ]}) AND published_at IS NULL"),
+		'3', 'crash: acknowledged by Kafka, not yet recorded as published');
+
+	my $log_offset = -s $node->logfile;
+	ok(kill('KILL', $relay_pid), "crash: SIGKILL sent to relay $relay_pid");
+	eval { $bg->quit; };
+
+	ok($node->poll_query_until('postgres',
+		"SELECT published_at IS NOT NULL FROM obx.outbox_events WHERE id = '$victim'"),
+		'crash: the victim is published after crash recovery');
+	ok(all_published($node), 'crash: the outbox has nothing left to publish');
+	my $log = slurp_file($node->logfile, $log_offset);
+	like($log, qr/\(PID $relay_pid\) was terminated by signal 9/,
+		'crash: the postmaster saw the relay die of SIGKILL');
+	like($log, qr/all server processes terminated; reinitializing/,
+		'crash: the instance went through crash recovery');
+
+	# One more event after the recovery, on the victim's key.
+	my @after = ($node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'ord_1', '{\"n\": 2}')"));
+	ok(all_published($node), 'crash: an event enqueued after the recovery is published');
+
+	my $msgs = wait_for_broker($kafka, $topic, sub {
+		my $seen = event_ids_at_broker(shift);
+		!grep { ($seen->{$_} // 0) < 2 } @batch }, 'the re-sent batch at the broker');
+	my $seen = event_ids_at_broker($msgs);
+	for my $id (@batch)
+	{
+		cmp_ok($seen->{$id}, '>=', 2,
+			"crash: event $id of the unrecorded batch reached the broker $seen->{$id} times");
+	}
+	check_window($topic, [ @warm, @batch, @after ]);
+	my ($p, $o) = split /\|/, $node->safe_psql('postgres',
+		"SELECT kafka_partition, kafka_offset FROM obx.outbox_events WHERE id = '$victim'");
+	ok((grep { $_->{partition} == $p && $_->{offset} == $o && $_->{event_id} eq $victim } @$msgs),
+		"crash: the recorded partition $p offset $o holds the victim");
+	note sprintf('window (d) took %.1f s', time() - $t);
+}
+
+note sprintf('wall time %.1f s', time() - $t0);
+
+done_testing();
