@@ -13,51 +13,20 @@ my $mock = start_mock();
 my $node = obx_node('rollback', $mock);
 my $topic = 'orders.placed.v1';
 
-my (%committed, %rolled_back);
-for my $i (1 .. 20)
-{
-	my $key = "ord_$i";
-	# A committed transaction with one event.
-	my $id = $node->safe_psql('postgres',
-		"SELECT obx.enqueue('$topic', '$key', '{\"n\": $i}')");
-	$committed{$id} = 1;
-
-	# A rolled-back transaction: its id is returned inside it, then gone.
-	my $gone = $node->safe_psql('postgres', qq{
-		BEGIN;
-		CREATE TEMP TABLE ids ON COMMIT DROP AS
-			SELECT obx.enqueue('$topic', '$key', '{"n": -$i}') AS id;
-		SELECT id FROM ids;
-		ROLLBACK;});
-	$rolled_back{$gone} = 1;
-
-	# A savepoint rolled back inside a transaction that commits.
-	my $out = $node->safe_psql('postgres', qq{
-		BEGIN;
-		SELECT 'kept', obx.enqueue('$topic', '$key', '{"n": $i, "kept": true}');
-		SAVEPOINT s;
-		SELECT 'undone', obx.enqueue('$topic', '$key', '{"n": -$i, "undone": true}');
-		ROLLBACK TO SAVEPOINT s;
-		COMMIT;});
-	for my $line (split /\n/, $out)
-	{
-		my ($what, $eid) = split /\|/, $line;
-		$what eq 'kept' ? ($committed{$eid} = 1) : ($rolled_back{$eid} = 1);
-	}
-}
-is(scalar(keys %rolled_back), 40, '40 rolled-back event ids were handed out');
+my ($committed, $rolled_back) = enqueue_with_rollbacks($node, $topic, 20);
+is(scalar(keys %$rolled_back), 40, '40 rolled-back event ids were handed out');
 
 # Wait until every committed event is at the broker, then compare sets and,
 # per key, the broker order with the enqueue order.
-my $msgs = broker_holds_exactly($mock, $node, $topic, [ keys %committed ]);
+my $msgs = broker_holds_exactly($mock, $node, $topic, [ keys %$committed ]);
 ok(all_published($node), 'the outbox has nothing left to publish');
 
 my $seen = event_ids_at_broker($msgs);
-is(scalar(grep { $seen->{$_} } keys %rolled_back), 0,
+is(scalar(grep { $seen->{$_} } keys %$rolled_back), 0,
 	'no rolled-back event reached the broker');
 is($node->safe_psql('postgres',
 	'SELECT count(*) FROM obx.outbox_events WHERE id IN (' .
-	join(',', map { "'$_'" } keys %rolled_back) . ')'), '0',
+	join(',', map { "'$_'" } keys %$rolled_back) . ')'), '0',
 	'no rolled-back event exists in the outbox');
 
 done_testing();

@@ -64,45 +64,15 @@ sub check_window
 {
 	my $t = time();
 	my $topic = 'orders.rollback.v1';
-	my (%committed, %rolled_back);
-	for my $i (1 .. 20)
-	{
-		my $key = "ord_$i";
-		my $id = $node->safe_psql('postgres',
-			"SELECT obx.enqueue('$topic', '$key', '{\"n\": $i}')");
-		$committed{$id} = 1;
+	my ($committed, $rolled_back) = enqueue_with_rollbacks($node, $topic, 20);
+	is(scalar(keys %$rolled_back), 40, 'rollback: 40 rolled-back event ids were handed out');
 
-		# A rolled-back transaction: its id is returned inside it, then gone.
-		my $gone = $node->safe_psql('postgres', qq{
-			BEGIN;
-			CREATE TEMP TABLE ids ON COMMIT DROP AS
-				SELECT obx.enqueue('$topic', '$key', '{"n": -$i}') AS id;
-			SELECT id FROM ids;
-			ROLLBACK;});
-		$rolled_back{$gone} = 1;
-
-		# A savepoint rolled back inside a transaction that commits.
-		my $out = $node->safe_psql('postgres', qq{
-			BEGIN;
-			SELECT 'kept', obx.enqueue('$topic', '$key', '{"n": $i, "kept": true}');
-			SAVEPOINT s;
-			SELECT 'undone', obx.enqueue('$topic', '$key', '{"n": -$i, "undone": true}');
-			ROLLBACK TO SAVEPOINT s;
-			COMMIT;});
-		for my $line (split /\n/, $out)
-		{
-			my ($what, $eid) = split /\|/, $line;
-			$what eq 'kept' ? ($committed{$eid} = 1) : ($rolled_back{$eid} = 1);
-		}
-	}
-	is(scalar(keys %rolled_back), 40, 'rollback: 40 rolled-back event ids were handed out');
-
-	my ($msgs) = check_window($topic, [ keys %committed ]);
+	my ($msgs) = check_window($topic, [ keys %$committed ]);
 	my $seen = event_ids_at_broker($msgs);
-	is(scalar(grep { $seen->{$_} } keys %rolled_back), 0,
+	is(scalar(grep { $seen->{$_} } keys %$rolled_back), 0,
 		'rollback: no rolled-back event reached the broker');
 	is($node->safe_psql('postgres',
-		'SELECT count(*) FROM obx.outbox_events WHERE id IN (' . in_list(keys %rolled_back) . ')'),
+		'SELECT count(*) FROM obx.outbox_events WHERE id IN (' . in_list(keys %$rolled_back) . ')'),
 		'0', 'rollback: no rolled-back event exists in the outbox');
 	note sprintf('window (a) took %.1f s', time() - $t);
 }

@@ -20,6 +20,7 @@ use Time::HiRes qw(usleep time);
 
 our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster obx_node obx_primary relay_ready read_topic wait_for_broker
   wait_until all_published event_ids_at_broker first_occurrences
+  enqueue_with_rollbacks
   committed_ids relay_pids broker_holds_exactly);
 
 my @mocks;
@@ -160,6 +161,46 @@ sub relay_ready
 		"SELECT count(*) = $n FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
 	  or die "$n relay workers did not start on node " . $node->name;
 	return;
+}
+
+# enqueue_with_rollbacks($node, $topic, $n): for each of $n keys, one
+# committed event, one event of a transaction that rolls back, and, in a
+# transaction that commits, one kept event and one undone by ROLLBACK TO
+# SAVEPOINT.  Returns (\%committed, \%rolled_back), event ids as keys: the
+# ids of the rolled-back events are read inside their transactions.
+sub enqueue_with_rollbacks
+{
+	my ($node, $topic, $n) = @_;
+	my (%committed, %rolled_back);
+	for my $i (1 .. $n)
+	{
+		my $key = "ord_$i";
+		my $id = $node->safe_psql('postgres',
+			"SELECT obx.enqueue('$topic', '$key', '{\"n\": $i}')");
+		$committed{$id} = 1;
+
+		my $gone = $node->safe_psql('postgres', qq{
+			BEGIN;
+			CREATE TEMP TABLE ids ON COMMIT DROP AS
+				SELECT obx.enqueue('$topic', '$key', '{"n": -$i}') AS id;
+			SELECT id FROM ids;
+			ROLLBACK;});
+		$rolled_back{$gone} = 1;
+
+		my $out = $node->safe_psql('postgres', qq{
+			BEGIN;
+			SELECT 'kept', obx.enqueue('$topic', '$key', '{"n": $i, "kept": true}');
+			SAVEPOINT s;
+			SELECT 'undone', obx.enqueue('$topic', '$key', '{"n": -$i, "undone": true}');
+			ROLLBACK TO SAVEPOINT s;
+			COMMIT;});
+		for my $line (split /\n/, $out)
+		{
+			my ($what, $eid) = split /\|/, $line;
+			$what eq 'kept' ? ($committed{$eid} = 1) : ($rolled_back{$eid} = 1);
+		}
+	}
+	return (\%committed, \%rolled_back);
 }
 
 # wait_until(sub { ... }, 'what'): poll a condition every 50 ms until it
