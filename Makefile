@@ -9,14 +9,14 @@ MODULE_big = obx
 OBJS = src/obx.o src/enqueue.o src/outbox.o src/kafka.o src/relay.o src/status.o \
 	src/consumer.o src/inbox.o src/kafka_conf.o src/consumer_sql.o
 EXTENSION = obx
-DATA = obx--1.0.sql obx--1.0--1.1.sql
+DATA = obx--1.0.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"
 
 SHLIB_LINK = -lrdkafka
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -Wall -Wmissing-prototypes -Werror
 
-REGRESS = enqueue mark_processed operations privileges consumer security upgrade
+REGRESS = enqueue mark_processed operations privileges consumer security
 REGRESS_OPTS = --inputdir=test --outputdir=test/results \
 	--temp-instance=test/tmp_check --temp-config=test/regress.conf
 

@@ -750,7 +750,7 @@ obx_consumer_main(Datum main_arg)
 	MemoryContext msg_cxt;
 	TimestampTz next_refresh = 0;
 	TimestampTz next_purge = 0;
-	int said_state = -1;
+	bool said_waiting = false;
 
 	my_worker = DatumGetInt32(main_arg);
 	my_database = (obx_consumer_database && obx_consumer_database[0])
@@ -806,17 +806,15 @@ obx_consumer_main(Datum main_arg)
 		now = GetCurrentTimestamp();
 		if (now >= next_refresh)
 		{
-			int state = obx_extension_state("obx.subscriptions");
+			bool exists = obx_extension_exists();
 
 			next_refresh = TimestampTzPlusMilliseconds(now, obx_poll_interval_ms);
-			if (state != said_state && state < 2)
+			if (!exists && !said_waiting)
 				ereport(LOG,
-						(errmsg(state == 0
-									? "obx consumer %d is waiting for CREATE EXTENSION obx in database \"%s\""
-									: "obx consumer %d is waiting for ALTER EXTENSION obx UPDATE in database \"%s\"",
+						(errmsg("obx consumer %d is waiting for CREATE EXTENSION obx in database \"%s\"",
 								my_worker, my_database)));
-			said_state = state;
-			if (state < 2)
+			said_waiting = !exists;
+			if (!exists)
 			{
 				stop_all();
 				wait_for_messages(obx_poll_interval_ms);

@@ -253,7 +253,7 @@ extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argty
 extern void obx_worker_pin_settings(void);
 
 /* outbox.c: each call is one short transaction of its own */
-extern int obx_extension_state(const char *needed_relation);
+extern bool obx_extension_exists(void);
 extern bool obx_outbox_claim(ObxBatch *batch, int worker, bool force);
 extern int obx_outbox_record(ObxBatch *batch);
 extern int obx_outbox_renew(ObxBatch *batch);

@@ -372,36 +372,23 @@ prepare_plans(void)
 }
 
 /*
- * obx_extension_state
- *		0 when the obx extension is missing from this database, 1 when its
- *		schema lacks the relation this library needs (an older version:
- *		ALTER EXTENSION obx UPDATE is needed), 2 when it is there.
+ * obx_extension_exists
+ *		Whether CREATE EXTENSION obx has been run in this database.
  */
-int
-obx_extension_state(const char *needed_relation)
+bool
+obx_extension_exists(void)
 {
 	MemoryContext caller = obx_step_begin("obx: checking for the extension");
-	Oid types[1] = {TEXTOID};
-	Datum args[1] = {CStringGetTextDatum(needed_relation)};
-	int state = 0;
+	bool exists;
 	int rc;
 
-	rc = SPI_execute_with_args("SELECT pg_catalog.to_regclass($1) IS NOT NULL"
-							   "  FROM pg_catalog.pg_extension WHERE extname = 'obx'",
-							   1, types, args, NULL, true, 1);
+	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'obx'",
+					 true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx extension check failed: %s", SPI_result_code_string(rc));
-	if (SPI_processed == 1)
-	{
-		bool isnull;
-
-		state = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-										   SPI_tuptable->tupdesc, 1, &isnull))
-					? 2
-					: 1;
-	}
+	exists = (SPI_processed == 1);
 	obx_step_end(caller);
-	return state;
+	return exists;
 }
 
 static char *
@@ -1093,7 +1080,7 @@ obx_outbox_analyze(void)
 }
 
 /*
- * Dead letters (1.1) older than obx.dead_letter_retention: counted from
+ * Dead letters older than obx.dead_letter_retention: counted from
  * the failure, or from the replay for a replayed one.  One that was never
  * replayed is given up on, and the log says how many.
  */

@@ -542,7 +542,7 @@ obx_relay_main(Datum main_arg)
 	MemoryContext loop_cxt;
 	bool ready = false;
 	int64 released;
-	int said_waiting = -1;
+	bool said_waiting = false;
 	TimestampTz next_purge = 0;
 	TimestampTz next_analyze = 0;
 	TimestampTz next_producer_try = 0;
@@ -609,18 +609,14 @@ obx_relay_main(Datum main_arg)
 
 		if (!ready)
 		{
-			int state = obx_extension_state("obx.leases");
-
-			ready = (state == 2);
+			ready = obx_extension_exists();
 			if (!ready)
 			{
-				if (state != said_waiting)
+				if (!said_waiting)
 					ereport(LOG,
-							(errmsg(state == 0
-										? "obx relay %d is waiting for CREATE EXTENSION obx in database \"%s\""
-										: "obx relay %d is waiting for ALTER EXTENSION obx UPDATE in database \"%s\"",
+							(errmsg("obx relay %d is waiting for CREATE EXTENSION obx in database \"%s\"",
 									my_worker, obx_database)));
-				said_waiting = state;
+				said_waiting = true;
 				obx_status_set_state(my_worker, OBX_STATE_WAITING_FOR_EXTENSION);
 				wait_for_work(obx_poll_interval_ms);
 				continue;

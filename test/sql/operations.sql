@@ -224,3 +224,35 @@ SELECT count(*) AS listed_in_pg_settings FROM pg_settings WHERE name = 'obx.kafk
 SHOW obx.brokers;
 RESET ROLE;
 DROP ROLE regress_obx_reader;
+
+--
+-- The extension itself: one install script, version 1.0.  Every object it
+-- creates is a member (DROP EXTENSION removes it, pg_dump re-creates it
+-- with CREATE EXTENSION and dumps none of it separately), nothing else
+-- lives in schema obx, and pg_dump keeps the data of the tables and
+-- sequences listed in extconfig.
+--
+SELECT extversion FROM pg_extension WHERE extname = 'obx';
+SELECT pg_describe_object(d.classid, d.objid, d.objsubid) COLLATE "C" AS member
+  FROM pg_depend d
+ WHERE d.refclassid = 'pg_extension'::regclass
+   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'obx')
+   AND d.deptype = 'e'
+ ORDER BY 1;
+SELECT c.oid::regclass AS not_a_member
+  FROM pg_class c
+ WHERE c.relnamespace = 'obx'::regnamespace
+   AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+   AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                    WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                      AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e');
+SELECT p.oid::regprocedure AS not_a_member
+  FROM pg_proc p
+ WHERE p.pronamespace = 'obx'::regnamespace
+   AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                    WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                      AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e');
+SELECT c::regclass AS kept_by_pg_dump, w AS condition
+  FROM pg_extension x, unnest(x.extconfig, x.extcondition) AS u(c, w)
+ WHERE x.extname = 'obx'
+ ORDER BY c::regclass::text COLLATE "C";

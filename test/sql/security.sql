@@ -30,8 +30,8 @@ GRANT EXECUTE ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb),
    TO regress_bob, regress_mallory, regress_bob_deputy;
 
 -- subscribe, unsubscribe and mark_processed run as their caller (C), and
--- pass it to SECURITY DEFINER functions granted to nobody; after the
--- update from 1.0, mark_processed is no longer SECURITY DEFINER itself.
+-- pass it to SECURITY DEFINER functions granted to nobody; mark_processed
+-- is not SECURITY DEFINER itself.
 SELECT p.oid::regprocedure AS function, l.lanname, p.prosecdef, p.proconfig,
        has_function_privilege('regress_mallory', p.oid, 'EXECUTE') AS mallory_may_call
   FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
