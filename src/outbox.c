@@ -1093,12 +1093,6 @@ purge_dead_letters(void)
 	int rc;
 	int64 unreplayed;
 
-	rc = SPI_execute("SELECT pg_catalog.to_regclass('obx.dead_letters') IS NOT NULL",
-					 true, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1 ||
-		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc,
-									1, &isnull)))
-		return 0;
 	args[0] = Float8GetDatum((double) obx_dead_letter_retention_s);
 	args[1] = Int32GetDatum(OBX_PURGE_BATCH);
 	rc = SPI_execute_with_args(
@@ -1126,6 +1120,25 @@ purge_dead_letters(void)
 }
 
 /*
+ * Run one purge DELETE whose $1 is a retention in seconds and $2 the batch
+ * limit (OBX_PURGE_BATCH); returns how many rows it deleted.
+ */
+static int64
+purge_older_than(const char *sql, int retention_s, const char *what)
+{
+	Oid types[2] = {FLOAT8OID, INT4OID};
+	Datum args[2];
+	int rc;
+
+	args[0] = Float8GetDatum((double) retention_s);
+	args[1] = Int32GetDatum(OBX_PURGE_BATCH);
+	rc = SPI_execute_with_args(sql, 2, types, args, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "obx %s purge failed: %s", what, SPI_result_code_string(rc));
+	return SPI_processed;
+}
+
+/*
  * obx_outbox_purge
  *		Delete up to OBX_PURGE_BATCH published events older than
  *		obx.retention, as many dedupe rows older than
@@ -1137,42 +1150,26 @@ obx_outbox_purge(void)
 {
 	MemoryContext caller;
 	int64 purged = 0;
-	int rc;
-	Oid types[2] = {FLOAT8OID, INT4OID};
-	Datum args[2];
 
 	if (obx_retention_s == 0 && obx_processed_retention_s == 0 &&
 		obx_dead_letter_retention_s == 0)
 		return 0;
 
 	caller = obx_step_begin("obx: purging old rows");
-	args[1] = Int32GetDatum(OBX_PURGE_BATCH);
 	if (obx_retention_s > 0)
-	{
-		args[0] = Float8GetDatum((double) obx_retention_s);
-		rc = SPI_execute_with_args(
+		purged += purge_older_than(
 			"DELETE FROM obx.outbox_events WHERE id IN ("
 			" SELECT id FROM obx.outbox_events"
 			"  WHERE published_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
 			"  ORDER BY published_at LIMIT $2)",
-			2, types, args, NULL, false, 0);
-		if (rc != SPI_OK_DELETE)
-			elog(ERROR, "obx purge failed: %s", SPI_result_code_string(rc));
-		purged += SPI_processed;
-	}
+			obx_retention_s, "outbox");
 	if (obx_processed_retention_s > 0)
-	{
-		args[0] = Float8GetDatum((double) obx_processed_retention_s);
-		rc = SPI_execute_with_args(
+		purged += purge_older_than(
 			"DELETE FROM obx.processed_events WHERE ctid IN ("
 			" SELECT ctid FROM obx.processed_events"
 			"  WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
 			"  ORDER BY processed_at LIMIT $2)",
-			2, types, args, NULL, false, 0);
-		if (rc != SPI_OK_DELETE)
-			elog(ERROR, "obx dedupe purge failed: %s", SPI_result_code_string(rc));
-		purged += SPI_processed;
-	}
+			obx_processed_retention_s, "dedupe");
 	if (obx_dead_letter_retention_s > 0)
 		purged += purge_dead_letters();
 	obx_step_end(caller);
