@@ -54,7 +54,7 @@ $node->safe_psql('postgres', q{
 			i := i + 1;
 			PERFORM obx.enqueue(topic, 'ord_' || (i % nkeys), jsonb_build_object('n', i));
 			COMMIT;
-			PERFORM pg_sleep(0.003);
+			PERFORM pg_sleep(0.003);    -- the load's pace (about 300 events/s), not a wait
 		END LOOP;
 	END $$;});
 

@@ -35,6 +35,8 @@ q1(q{
 	CREATE FUNCTION shop.reserve(e obx.inbound_event) RETURNS void
 	LANGUAGE plpgsql SET statement_timeout = 0 AS $$
 	BEGIN
+		-- The handlers under test loop forever; their sleeps are the loops'
+		-- bodies, not waits of the test (which polls for the dead letters).
 		IF e.payload->>'loop' = 'yes' THEN
 			LOOP
 				PERFORM pg_catalog.pg_sleep(0.05);
