@@ -1,35 +1,26 @@
 /*-------------------------------------------------------------------------
  *
  * kafka.c
- *	  Everything librdkafka: building the idempotent producer from the
- *	  obx.* settings, producing a claimed batch, serving delivery reports,
- *	  logs and errors on the worker's own thread, and classifying errors.
+ *	  The relay's librdkafka producer: building the idempotent producer
+ *	  from the obx.* settings, producing a claimed batch, serving delivery
+ *	  reports, logs and errors on the worker's own thread, and classifying
+ *	  errors.  The handle itself is created by obx_kafka_new (kafka_conf.c).
  *
  * No transaction, SPI or catalog access happens here, and no callback ever
  * raises an ERROR: callbacks run inside rd_kafka_poll() and only record
  * what happened (delivery reports into the batch, errors into flags) or
  * log at LOG/WARNING level.
  *
- * A process that hosts librdkafka's threads keeps the memory it frees
- * (keep_freed_memory): returning it to the kernel would cost a TLB
- * shootdown on every CPU those threads ran on, after every batch.
- *
- * librdkafka's threads never run PostgreSQL code: all signals are blocked
- * while the handle is created, so its threads inherit a full mask and the
- * postmaster's signals reach only the worker's main thread.  The main
- * queue (delivery reports, logs, errors) writes a byte to a pipe when it
- * becomes non-empty, and the worker waits on that pipe together with its
- * latch.
+ * The main queue (delivery reports, logs, errors) writes a byte to a pipe
+ * when it becomes non-empty, and the worker waits on that pipe together
+ * with its latch.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include <fcntl.h>
-#include <malloc.h>
-#include <signal.h>
 #include <unistd.h>
-#include <pthread.h>
 
 #include <librdkafka/rdkafka.h>
 
@@ -38,6 +29,8 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "kafka.h"
+#include "kafka_conf.h"
 
 struct ObxProducer
 {
@@ -60,9 +53,12 @@ struct ObxProducer
 /*
  * A connection error within this window, with no delivery since, means the
  * brokers are down.  librdkafka retries connections at least every
- * reconnect.backoff.max.ms (see obx_kafka_create) and reports each failure.
+ * reconnect.backoff.max.ms (see set_producer_properties) and reports each
+ * failure.
  */
 #define OBX_BROKER_TROUBLE_WINDOW_MS 30000
+
+static ObxErrorClass obx_kafka_classify(int err);
 
 static void
 dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
@@ -106,8 +102,8 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 /*
  * The moment an acknowledgement arrives, on the librdkafka broker thread
  * that received it (an interceptor): the delivery report reaches the
- * worker only once it next serves its queue, which can be milliseconds
- * later when it is busy claiming or recording.  Only the event's own
+ * worker only once it next serves its queue, which comes later when it
+ * is busy claiming or recording.  Only the event's own
  * acked_at is written, before librdkafka queues the report, and
  * the worker reads it after taking the report off that queue (under the
  * queue's lock).  No PostgreSQL function is called here except the clock,
@@ -128,20 +124,6 @@ add_ack_interceptor(rd_kafka_t *rk, const rd_kafka_conf_t *conf, void *opaque,
 					char *errstr, size_t errstr_size)
 {
 	return rd_kafka_interceptor_add_on_acknowledgement(rk, "obx", ack_interceptor, NULL);
-}
-
-/*
- * librdkafka's log callback, for the producer and the consumers: it runs
- * on the worker's own thread (log.queue), inside a poll.
- */
-static void
-log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
-{
-	/* Broker trouble also arrives through error_callback, as a WARNING. */
-	int elevel = level <= 4 ? LOG : (level <= 6 ? DEBUG1 : DEBUG2);
-
-	ereport(elevel,
-			(errmsg_internal("obx librdkafka %s: %s", fac, buf)));
 }
 
 static void
@@ -186,143 +168,78 @@ error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 }
 
 /*
- * obx_kafka_set
- *		Set one librdkafka property; false with a message naming it when
- *		librdkafka refuses.  Used for the producer and the consumers alike.
+ * The producer's properties: obx's own, then obx.kafka_properties and its
+ * file, then what obx's guarantees need, which wins over the user's.
+ *
+ * A claim hands librdkafka a whole batch at once (obx.claim_gap gathers
+ * the commits of a busy moment), so a long linger.ms would only add its
+ * own wait.  Nagle's algorithm off: with it on, a request written while the
+ * broker has not yet acknowledged the previous one on that connection
+ * waits for that acknowledgement.  Reconnects: librdkafka doubles the wait
+ * between attempts to reach a broker up to reconnect.backoff.max.ms
+ * (seconds by default), so after an outage of every broker the backlog
+ * could wait that long once the cluster is back; a short maximum keeps
+ * that wait short, and a refused connection costs next to nothing.
  */
-bool
-obx_kafka_set(rd_kafka_conf_t *conf, const char *name, const char *value,
-			  char *errbuf, size_t errlen)
+static bool
+set_producer_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 {
-	char err[256];
+	char timeout[32];
 
-	if (rd_kafka_conf_set(conf, name, value, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+	snprintf(timeout, sizeof(timeout), "%d", obx_delivery_timeout_ms);
+	if (!obx_kafka_set(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
+		!obx_kafka_set(conf, "client.id", "obx", errbuf, errlen) ||
+		!obx_kafka_set(conf, "enable.idempotence", "true", errbuf, errlen) ||
+		!obx_kafka_set(conf, "acks", "all", errbuf, errlen) ||
+		!obx_kafka_set(conf, "message.timeout.ms", timeout, errbuf, errlen) ||
+		!obx_kafka_set(conf, "partitioner", "murmur2_random", errbuf, errlen) ||
+		!obx_kafka_set(conf, "linger.ms", "1", errbuf, errlen) ||
+		!obx_kafka_set(conf, "socket.nagle.disable", "true", errbuf, errlen) ||
+		!obx_kafka_set(conf, "reconnect.backoff.ms", "50", errbuf, errlen) ||
+		!obx_kafka_set(conf, "reconnect.backoff.max.ms", "250", errbuf, errlen) ||
+		!obx_kafka_user_properties(conf, errbuf, errlen))
+		return false;
+
+	/*
+	 * Idempotence and acks=all win over user settings (obx_kafka_new forces
+	 * log.queue, which keeps librdkafka's threads from ever calling into
+	 * PostgreSQL's logging).
+	 */
+	return obx_kafka_set(conf, "enable.idempotence", "true", errbuf, errlen) &&
+		   obx_kafka_set(conf, "acks", "all", errbuf, errlen);
+}
+
+/* Delivery reports, errors and acknowledgement times reach producer. */
+static bool
+set_producer_callbacks(rd_kafka_conf_t *conf, ObxProducer *producer,
+					   char *errbuf, size_t errlen)
+{
+	rd_kafka_conf_set_opaque(conf, producer);
+	rd_kafka_conf_set_dr_msg_cb(conf, dr_callback);
+	rd_kafka_conf_set_error_cb(conf, error_callback);
+	if (rd_kafka_conf_interceptor_add_on_new(conf, "obx", add_ack_interceptor, NULL) !=
+		RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
-		snprintf(errbuf, errlen, "librdkafka property \"%s\": %s", name, err);
+		snprintf(errbuf, errlen, "could not add the acknowledgement interceptor");
 		return false;
 	}
 	return true;
 }
 
-/*
- * obx_kafka_user_properties
- *		Apply obx.kafka_properties: "name=value" pairs separated by
- *		semicolons.  Used for the producer and the consumers alike.
- *
- * Errors name the entry and the property but never echo a value, since
- * values may be secrets and errors reach the log and obx.workers.  Then
- * obx.kafka_properties_file (kafka_conf.c), where secrets belong.
- */
-bool
-obx_kafka_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
+/* The pipe the main queue writes to when it becomes non-empty. */
+static bool
+open_event_pipe(ObxProducer *producer, char *errbuf, size_t errlen)
 {
-	char *copy = pstrdup(obx_kafka_properties ? obx_kafka_properties : "");
-	char *save = NULL;
-	char *item;
-	int entry = 0;
-
-	for (item = strtok_r(copy, ";", &save); item; item = strtok_r(NULL, ";", &save))
+	if (pipe(producer->pipefd) != 0 ||
+		fcntl(producer->pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(producer->pipefd[1], F_SETFL, O_NONBLOCK) != 0)
 	{
-		char *eq;
-		char *name;
-		char *value;
-		char err[256];
-		rd_kafka_conf_res_t res;
-
-		entry++;
-		while (*item == ' ' || *item == '\t' || *item == '\n')
-			item++;
-		if (*item == '\0')
-			continue;
-		eq = strchr(item, '=');
-		if (eq == NULL)
-		{
-			snprintf(errbuf, errlen,
-					 "obx.kafka_properties entry %d is not name=value", entry);
-			return false;
-		}
-		*eq = '\0';
-		name = item;
-		value = eq + 1;
-		while (eq > name && (eq[-1] == ' ' || eq[-1] == '\t'))
-			*--eq = '\0';
-		while (*value == ' ' || *value == '\t')
-			value++;
-		res = rd_kafka_conf_set(conf, name, value, err, sizeof(err));
-		if (res == RD_KAFKA_CONF_UNKNOWN)
-		{
-			snprintf(errbuf, errlen,
-					 "obx.kafka_properties entry %d: librdkafka has no property \"%s\"",
-					 entry, name);
-			return false;
-		}
-		if (res != RD_KAFKA_CONF_OK)
-		{
-			snprintf(errbuf, errlen,
-					 "obx.kafka_properties entry %d: invalid value for \"%s\"",
-					 entry, name);
-			return false;
-		}
+		snprintf(errbuf, errlen, "could not create a pipe: %m");
+		return false;
 	}
-	return obx_kafka_file_properties(conf, errbuf, errlen);
-}
-
-/*
- * OBX_KEEP_FREED_BYTES: how much freed memory a worker keeps for reuse
- * instead of handing it back to the kernel: two batches' payloads.
- */
-#define OBX_KEEP_FREED_BYTES (2 * OBX_BATCH_BYTES)
-
-/*
- * Stop glibc from returning freed memory to the kernel after each batch.
- *
- * By default it shrinks the heap whenever more than 128 kB at its top is
- * free, and serves every allocation over 128 kB with an mmap of its own.
- * Each batch's transactions and memory contexts free that much, so each
- * batch shrank the heap and grew it again.  In a single-threaded backend
- * that is cheap; in a process with librdkafka's threads, every shrink
- * (brk, munmap) interrupts all CPUs the process's threads ran on to flush
- * their TLBs, and every regrowth page-faults.  Measured at 2,000 events/s:
- * 9 % of the relay's CPU time went to those interrupts.
- */
-static void
-keep_freed_memory(void)
-{
-	static bool done = false;
-
-	if (done)
-		return;
-	done = true;
-	(void) mallopt(M_TRIM_THRESHOLD, OBX_KEEP_FREED_BYTES);
-	(void) mallopt(M_MMAP_THRESHOLD, OBX_KEEP_FREED_BYTES);
-}
-
-/*
- * obx_kafka_new
- *		Create a librdkafka handle (producer or consumer) the way obx needs
- *		every handle: logs queued and served on the worker's own thread,
- *		and all signals blocked while librdkafka starts its threads, so
- *		they inherit a full mask.  On failure the caller still owns conf.
- */
-rd_kafka_t *
-obx_kafka_new(int type, rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
-{
-	rd_kafka_t *rk;
-	sigset_t all;
-	sigset_t old;
-
-	if (!obx_kafka_set(conf, "log.queue", "true", errbuf, errlen))
-		return NULL;
-	rd_kafka_conf_set_log_cb(conf, log_callback);
-	keep_freed_memory();
-
-	sigfillset(&all);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
-	rk = rd_kafka_new((rd_kafka_type_t) type, conf, errbuf, errlen);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (rk != NULL)
-		rd_kafka_set_log_queue(rk, NULL);
-	return rk;
+	producer->mainq = rd_kafka_queue_get_main(producer->rk);
+	rd_kafka_queue_io_event_enable(producer->mainq, producer->pipefd[1], "1", 1);
+	return true;
 }
 
 /*
@@ -338,64 +255,13 @@ obx_kafka_create(int worker, char *errbuf, size_t errlen)
 {
 	ObxProducer *producer;
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	char timeout[32];
 
 	producer = MemoryContextAllocZero(TopMemoryContext, sizeof(ObxProducer));
 	producer->pipefd[0] = producer->pipefd[1] = -1;
 	producer->worker = worker;
-
-	snprintf(timeout, sizeof(timeout), "%d", obx_delivery_timeout_ms);
-
-	/*
-	 * A claim hands librdkafka a whole batch at once (obx.claim_gap
-	 * gathers the commits of a busy moment), so a long linger.ms would
-	 * only add its own wait.  Nagle's algorithm off: with it on, a request
-	 * written while the broker has not yet acknowledged the previous one
-	 * on that connection waits for that acknowledgement.
-	 *
-	 * Reconnects: librdkafka doubles the wait between attempts to reach a
-	 * broker up to reconnect.backoff.max.ms, 10 s by default, so after an
-	 * outage of every broker the backlog could wait that long once the
-	 * cluster is back.  A quarter of a second keeps that wait short; a
-	 * refused connection costs next to nothing.
-	 */
-	if (!obx_kafka_set(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
-		!obx_kafka_set(conf, "client.id", "obx", errbuf, errlen) ||
-		!obx_kafka_set(conf, "enable.idempotence", "true", errbuf, errlen) ||
-		!obx_kafka_set(conf, "acks", "all", errbuf, errlen) ||
-		!obx_kafka_set(conf, "message.timeout.ms", timeout, errbuf, errlen) ||
-		!obx_kafka_set(conf, "partitioner", "murmur2_random", errbuf, errlen) ||
-		!obx_kafka_set(conf, "linger.ms", "1", errbuf, errlen) ||
-		!obx_kafka_set(conf, "socket.nagle.disable", "true", errbuf, errlen) ||
-		!obx_kafka_set(conf, "reconnect.backoff.ms", "50", errbuf, errlen) ||
-		!obx_kafka_set(conf, "reconnect.backoff.max.ms", "250", errbuf, errlen) ||
-		!obx_kafka_user_properties(conf, errbuf, errlen))
+	if (!set_producer_properties(conf, errbuf, errlen) ||
+		!set_producer_callbacks(conf, producer, errbuf, errlen))
 	{
-		rd_kafka_conf_destroy(conf);
-		pfree(producer);
-		return NULL;
-	}
-	/*
-	 * Settings obx depends on win over user settings: its guarantees need
-	 * idempotence and acks=all (obx_kafka_new forces log.queue, which
-	 * keeps librdkafka's threads from ever calling into PostgreSQL's
-	 * logging).
-	 */
-	if (!obx_kafka_set(conf, "enable.idempotence", "true", errbuf, errlen) ||
-		!obx_kafka_set(conf, "acks", "all", errbuf, errlen))
-	{
-		rd_kafka_conf_destroy(conf);
-		pfree(producer);
-		return NULL;
-	}
-
-	rd_kafka_conf_set_opaque(conf, producer);
-	rd_kafka_conf_set_dr_msg_cb(conf, dr_callback);
-	rd_kafka_conf_set_error_cb(conf, error_callback);
-	if (rd_kafka_conf_interceptor_add_on_new(conf, "obx", add_ack_interceptor, NULL) !=
-		RD_KAFKA_RESP_ERR_NO_ERROR)
-	{
-		snprintf(errbuf, errlen, "could not add the acknowledgement interceptor");
 		rd_kafka_conf_destroy(conf);
 		pfree(producer);
 		return NULL;
@@ -409,23 +275,18 @@ obx_kafka_create(int worker, char *errbuf, size_t errlen)
 		 * e.g. an unreadable ssl.ca.location) has already freed the
 		 * interceptors conf shares with the handle it gave up on, and
 		 * destroying conf frees them again and crashes the worker.  The
-		 * rest of conf leaks, once per attempt (every few seconds while
-		 * the settings stay wrong).
+		 * rest of conf leaks, once per attempt while the settings stay
+		 * wrong.
 		 */
 		pfree(producer);
 		return NULL;
 	}
 
-	if (pipe(producer->pipefd) != 0 ||
-		fcntl(producer->pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(producer->pipefd[1], F_SETFL, O_NONBLOCK) != 0)
+	if (!open_event_pipe(producer, errbuf, errlen))
 	{
-		snprintf(errbuf, errlen, "could not create a pipe: %m");
 		obx_kafka_destroy(producer, 0);
 		return NULL;
 	}
-	producer->mainq = rd_kafka_queue_get_main(producer->rk);
-	rd_kafka_queue_io_event_enable(producer->mainq, producer->pipefd[1], "1", 1);
 	return producer;
 }
 
@@ -496,8 +357,8 @@ key_held_back(ObxBatch *batch, int upto, ObxEvent **held, int nheld)
  * producer has not produced to before.
  *
  * librdkafka 2.0 looks up a topic it learns about after connecting only
- * on its once-a-second topic scan, so the first batch of every topic (the
- * whole first batch after a worker starts) would wait up to a second
+ * on its periodic topic scan, so the first batch of every topic (the
+ * whole first batch after a worker starts) would wait for that scan
  * before it is sent.  This asks at once instead, waiting at most
  * OBX_TOPIC_METADATA_WAIT_MS (no transaction is open here), once per topic
  * for the life of the producer, whatever the answer: after a timeout the
@@ -728,7 +589,7 @@ obx_kafka_brokers_down(ObxProducer *producer)
  *		Sort a Kafka error into transient (retry forever), permanent
  *		(quarantine now) or other (retry up to obx.max_attempts).
  */
-ObxErrorClass
+static ObxErrorClass
 obx_kafka_classify(int err)
 {
 	switch ((rd_kafka_resp_err_t) err)

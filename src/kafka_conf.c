@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * kafka_conf.c
- *	  Who may set which librdkafka property, and where secrets come from:
- *	  the consumer properties a subscription may set (an allow-list), and
- *	  obx.kafka_properties_file, the superuser's client properties file.
+ *	  From obx's settings to a librdkafka handle: who may set which
+ *	  librdkafka property, obx.kafka_properties and the properties file
+ *	  where secrets come from, and creating a handle (producer or
+ *	  consumer) the way every obx handle is created.
  *
  * Subscriptions are written by non-superusers, and librdkafka properties
  * reach far: brokers (where credentials are sent), security settings,
@@ -18,10 +19,19 @@
  * ever puts a value from that file in a message: errors name the line and
  * the property only.
  *
+ * librdkafka's threads never run PostgreSQL code: all signals are blocked
+ * while a handle is created, so its threads inherit a full mask and the
+ * postmaster's signals reach only the worker's main thread, and its logs
+ * are queued and served on the worker's own thread.  A process that hosts
+ * librdkafka's threads keeps the memory it frees (keep_freed_memory).
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,6 +45,8 @@
 #include "utils/memutils.h"
 
 #include "obx.h"
+#include "kafka_conf.h"
+#include "outbox.h"
 
 PG_FUNCTION_INFO_V1(obx_subscription_kafka_properties);
 
@@ -191,7 +203,7 @@ trim(char *s)
  *		and value trimmed.  False with a message in errbuf that names the
  *		file, the line and the property, never a value.
  */
-bool
+static bool
 obx_kafka_file_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 {
 	char *text;
@@ -294,4 +306,158 @@ obx_kafka_file_reread(void)
 	if (file_signature != NULL)
 		pfree(file_signature);
 	file_signature = MemoryContextStrdup(TopMemoryContext, sig);
+}
+
+/*
+ * librdkafka's log callback, for the producer and the consumers: it runs
+ * on the worker's own thread (log.queue), inside a poll.
+ */
+static void
+log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+	/* Broker trouble also arrives through error_callback, as a WARNING. */
+	int elevel = level <= 4 ? LOG : (level <= 6 ? DEBUG1 : DEBUG2);
+
+	ereport(elevel,
+			(errmsg_internal("obx librdkafka %s: %s", fac, buf)));
+}
+
+/*
+ * obx_kafka_set
+ *		Set one librdkafka property; false with a message naming it when
+ *		librdkafka refuses.  Used for the producer and the consumers alike.
+ */
+bool
+obx_kafka_set(rd_kafka_conf_t *conf, const char *name, const char *value,
+			  char *errbuf, size_t errlen)
+{
+	char err[256];
+
+	if (rd_kafka_conf_set(conf, name, value, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+	{
+		snprintf(errbuf, errlen, "librdkafka property \"%s\": %s", name, err);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * obx_kafka_user_properties
+ *		Apply obx.kafka_properties: "name=value" pairs separated by
+ *		semicolons.  Used for the producer and the consumers alike.
+ *
+ * Errors name the entry and the property but never echo a value, since
+ * values may be secrets and errors reach the log and obx.workers.  Then
+ * obx.kafka_properties_file (above), where secrets belong.
+ */
+bool
+obx_kafka_user_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
+{
+	char *copy = pstrdup(obx_kafka_properties ? obx_kafka_properties : "");
+	char *save = NULL;
+	char *item;
+	int entry = 0;
+
+	for (item = strtok_r(copy, ";", &save); item; item = strtok_r(NULL, ";", &save))
+	{
+		char *eq;
+		char *name;
+		char *value;
+		char err[256];
+		rd_kafka_conf_res_t res;
+
+		entry++;
+		while (*item == ' ' || *item == '\t' || *item == '\n')
+			item++;
+		if (*item == '\0')
+			continue;
+		eq = strchr(item, '=');
+		if (eq == NULL)
+		{
+			snprintf(errbuf, errlen,
+					 "obx.kafka_properties entry %d is not name=value", entry);
+			return false;
+		}
+		*eq = '\0';
+		name = item;
+		value = eq + 1;
+		while (eq > name && (eq[-1] == ' ' || eq[-1] == '\t'))
+			*--eq = '\0';
+		while (*value == ' ' || *value == '\t')
+			value++;
+		res = rd_kafka_conf_set(conf, name, value, err, sizeof(err));
+		if (res == RD_KAFKA_CONF_UNKNOWN)
+		{
+			snprintf(errbuf, errlen,
+					 "obx.kafka_properties entry %d: librdkafka has no property \"%s\"",
+					 entry, name);
+			return false;
+		}
+		if (res != RD_KAFKA_CONF_OK)
+		{
+			snprintf(errbuf, errlen,
+					 "obx.kafka_properties entry %d: invalid value for \"%s\"",
+					 entry, name);
+			return false;
+		}
+	}
+	return obx_kafka_file_properties(conf, errbuf, errlen);
+}
+
+/*
+ * OBX_KEEP_FREED_BYTES: how much freed memory a worker keeps for reuse
+ * instead of handing it back to the kernel: two batches' payloads.
+ */
+#define OBX_KEEP_FREED_BYTES (2 * OBX_BATCH_BYTES)
+
+/*
+ * Stop glibc from returning freed memory to the kernel after each batch.
+ *
+ * By default it shrinks the heap whenever more than 128 kB at its top is
+ * free, and serves every allocation over 128 kB with an mmap of its own.
+ * Each batch's transactions and memory contexts free that much, so each
+ * batch shrank the heap and grew it again.  In a single-threaded backend
+ * that is cheap; in a process with librdkafka's threads, every shrink
+ * (brk, munmap) interrupts all CPUs the process's threads ran on to flush
+ * their TLBs, and every regrowth page-faults: a share of the relay's CPU
+ * time that grows with the rate of batches.
+ */
+static void
+keep_freed_memory(void)
+{
+	static bool done = false;
+
+	if (done)
+		return;
+	done = true;
+	(void) mallopt(M_TRIM_THRESHOLD, OBX_KEEP_FREED_BYTES);
+	(void) mallopt(M_MMAP_THRESHOLD, OBX_KEEP_FREED_BYTES);
+}
+
+/*
+ * obx_kafka_new
+ *		Create a librdkafka handle (producer or consumer) the way obx needs
+ *		every handle: logs queued and served on the worker's own thread,
+ *		and all signals blocked while librdkafka starts its threads, so
+ *		they inherit a full mask.  On failure the caller still owns conf.
+ */
+rd_kafka_t *
+obx_kafka_new(int type, rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
+{
+	rd_kafka_t *rk;
+	sigset_t all;
+	sigset_t old;
+
+	if (!obx_kafka_set(conf, "log.queue", "true", errbuf, errlen))
+		return NULL;
+	rd_kafka_conf_set_log_cb(conf, log_callback);
+	keep_freed_memory();
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	rk = rd_kafka_new((rd_kafka_type_t) type, conf, errbuf, errlen);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rk != NULL)
+		rd_kafka_set_log_queue(rk, NULL);
+	return rk;
 }

@@ -37,14 +37,6 @@
 /* How often worker 0 (relay, or consumer in a database without one) purges. */
 #define OBX_PURGE_INTERVAL_MS 10000
 
-/*
- * A claim stops taking events once their payloads reach this many bytes
- * (the event that crosses it included), whatever obx.batch_size says: a
- * worker holds up to two batches, payloads included, and librdkafka a
- * copy of them.
- */
-#define OBX_BATCH_BYTES (16 * 1024 * 1024)
-
 /* GUC variables (obx.c) */
 extern char *obx_brokers;
 extern char *obx_kafka_properties;
@@ -167,71 +159,6 @@ typedef struct ObxShared
 
 extern ObxShared *obx_shared;
 
-/*
- * How a publish attempt ended for one event.
- */
-typedef enum ObxOutcome
-{
-	OBX_OUTCOME_UNSENT = 0, /* not handed to Kafka; release, no attempt */
-	OBX_OUTCOME_IN_FLIGHT,  /* handed to librdkafka, no report yet */
-	OBX_OUTCOME_DELIVERED,  /* acknowledged by the broker */
-	OBX_OUTCOME_FAILED      /* failed; see err and error class */
-} ObxOutcome;
-
-/*
- * Error classes recorded in last_error_class and used for the decision
- * between backing off and quarantining.
- */
-typedef enum ObxErrorClass
-{
-	OBX_ERROR_TRANSIENT, /* broker or network trouble: retry forever */
-	OBX_ERROR_PERMANENT, /* this event can never be accepted as is */
-	OBX_ERROR_OTHER      /* unknown: retry up to obx.max_attempts */
-} ObxErrorClass;
-
-/*
- * One claimed event.  Strings live in the worker's per-batch memory context.
- */
-typedef struct ObxEvent
-{
-	pg_uuid_t id;
-	char id_text[37];
-	char *topic;
-	char *key;
-	char *payload;
-	int payload_len;
-	char *event_type; /* NULL when not set */
-	int nheaders;     /* the caller's headers, as name/value pairs */
-	char **header_names;
-	char **header_values;
-	int attempts; /* including this one */
-
-	struct ObxBatch *batch; /* the batch it belongs to, for its reports */
-	ObxOutcome outcome;
-	int err; /* rd_kafka_resp_err_t when FAILED */
-	ObxErrorClass error_class;
-	bool refused_locally; /* FAILED by librdkafka at produce, never sent */
-	int32 partition;      /* where it landed, or was refused */
-	int64 offset;
-	/*
-	 * When librdkafka received Kafka's acknowledgement, set on its broker
-	 * thread (0 until then; if still 0, when the worker served the report).
-	 */
-	TimestampTz acked_at;
-} ObxEvent;
-
-typedef struct ObxBatch
-{
-	int64 lease_id;
-	int nevents;
-	int in_flight;
-	bool full; /* the claim stopped at obx.batch_size or OBX_BATCH_BYTES */
-	ObxEvent *events;
-	TimestampTz retry_at; /* set by obx_outbox_record: when the last of its
-						   * failed, not quarantined events is due again,
-						   * or 0 if none waits for a retry */
-} ObxBatch;
-
 /* obx.c */
 extern void obx_wake_workers(void);
 extern void obx_async_commit_starting(void);
@@ -254,44 +181,12 @@ extern void obx_worker_pin_settings(void);
 
 /* outbox.c: each call is one short transaction of its own */
 extern bool obx_extension_exists(void);
-extern bool obx_outbox_claim(ObxBatch *batch, int worker, bool force);
-extern int obx_outbox_record(ObxBatch *batch);
-extern int obx_outbox_renew(ObxBatch *batch);
-extern int64 obx_outbox_release_orphans(int worker);
-extern int64 obx_outbox_purge(void);
-extern void obx_outbox_analyze(void);
 
-/* kafka.c: no transaction or SPI calls in it */
-typedef struct ObxProducer ObxProducer;
-extern ObxProducer *obx_kafka_create(int worker, char *errbuf, size_t errlen);
-extern void obx_kafka_destroy(ObxProducer *producer, int flush_ms);
-extern int obx_kafka_event_fd(ObxProducer *producer);
-extern void obx_kafka_produce(ObxProducer *producer, ObxBatch *batch);
-extern int obx_kafka_blame_oversize(ObxBatch *batch);
-extern void obx_kafka_serve(ObxProducer *producer);
-extern void obx_kafka_purge(ObxProducer *producer);
-extern bool obx_kafka_broken(ObxProducer *producer);
-extern bool obx_kafka_brokers_down(ObxProducer *producer);
-extern ObxErrorClass obx_kafka_classify(int err);
-extern bool obx_kafka_timed_out(int err);
-extern const char *obx_kafka_error_name(int err);
-extern const char *obx_kafka_error_text(int err);
-extern const char *obx_error_class_name(ObxErrorClass cls);
-
-/* kafka.c, shared with consumer.c */
-struct rd_kafka_conf_s;
-extern bool obx_kafka_set(struct rd_kafka_conf_s *conf, const char *name,
-						  const char *value, char *errbuf, size_t errlen);
-extern bool obx_kafka_user_properties(struct rd_kafka_conf_s *conf,
-									  char *errbuf, size_t errlen);
-extern bool obx_kafka_file_properties(struct rd_kafka_conf_s *conf,
-									  char *errbuf, size_t errlen);
-extern const char *obx_kafka_file_signature(void);
-extern void obx_kafka_file_reread(void);
-extern bool obx_kafka_subscription_property_allowed(const char *name);
-struct rd_kafka_s;
-extern struct rd_kafka_s *obx_kafka_new(int type, struct rd_kafka_conf_s *conf,
-										char *errbuf, size_t errlen);
+/* The headers of claim.c and outbox.c, housekeeping.c, kafka.c, kafka_conf.c */
+#include "outbox.h"
+#include "housekeeping.h"
+#include "kafka.h"
+#include "kafka_conf.h"
 
 /*
  * A subscription as the consumer workers read it from obx.subscriptions.

@@ -1,0 +1,122 @@
+/*-------------------------------------------------------------------------
+ *
+ * housekeeping.c
+ *	  The purges both kinds of worker run: published events older than
+ *	  obx.retention, dedupe rows of obx.processed_events older than
+ *	  obx.processed_retention, and dead letters older than
+ *	  obx.dead_letter_retention.
+ *
+ * Worker 0 of the relay, or of the consumer in a database no relay
+ * serves, calls obx_outbox_purge every OBX_PURGE_INTERVAL_MS, and again at
+ * once while a call still finds rows.  Each call is one short transaction
+ * that deletes at most OBX_PURGE_BATCH rows of each table, so a large
+ * backlog of old rows goes in many small steps.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+
+#include "obx.h"
+#include "housekeeping.h"
+
+#define OBX_PURGE_BATCH 1000
+
+/*
+ * Dead letters older than obx.dead_letter_retention: counted from
+ * the failure, or from the replay for a replayed one.  One that was never
+ * replayed is given up on, and the log says how many.
+ */
+static int64
+purge_dead_letters(void)
+{
+	Oid types[2] = {FLOAT8OID, INT4OID};
+	Datum args[2];
+	bool isnull;
+	int rc;
+	int64 unreplayed;
+
+	args[0] = Float8GetDatum((double) obx_dead_letter_retention_s);
+	args[1] = Int32GetDatum(OBX_PURGE_BATCH);
+	rc = SPI_execute_with_args(
+		"WITH gone AS ("
+		" DELETE FROM obx.dead_letters WHERE id IN ("
+		"  SELECT d.id FROM obx.dead_letters d"
+		"   WHERE COALESCE(d.replayed_at, d.failed_at)"
+		"         < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
+		"   ORDER BY d.id LIMIT $2)"
+		" RETURNING replayed_at)"
+		" SELECT pg_catalog.count(*), pg_catalog.count(*) FILTER (WHERE replayed_at IS NULL)"
+		"   FROM gone",
+		2, types, args, NULL, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "obx dead letter purge failed: %s", SPI_result_code_string(rc));
+	unreplayed = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 2, &isnull));
+	if (unreplayed > 0)
+		ereport(LOG,
+				(errmsg("obx purged %lld dead letters that were never replayed",
+						(long long) unreplayed),
+				 errdetail("They were older than obx.dead_letter_retention.")));
+	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
+ * Run one purge DELETE whose $1 is a retention in seconds and $2 the batch
+ * limit (OBX_PURGE_BATCH); returns how many rows it deleted.
+ */
+static int64
+purge_older_than(const char *sql, int retention_s, const char *what)
+{
+	Oid types[2] = {FLOAT8OID, INT4OID};
+	Datum args[2];
+	int rc;
+
+	args[0] = Float8GetDatum((double) retention_s);
+	args[1] = Int32GetDatum(OBX_PURGE_BATCH);
+	rc = SPI_execute_with_args(sql, 2, types, args, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "obx %s purge failed: %s", what, SPI_result_code_string(rc));
+	return SPI_processed;
+}
+
+/*
+ * obx_outbox_purge
+ *		Delete up to OBX_PURGE_BATCH published events older than
+ *		obx.retention, as many dedupe rows older than
+ *		obx.processed_retention, and as many dead letters older than
+ *		obx.dead_letter_retention; returns how many rows went.
+ */
+int64
+obx_outbox_purge(void)
+{
+	MemoryContext caller;
+	int64 purged = 0;
+
+	if (obx_retention_s == 0 && obx_processed_retention_s == 0 &&
+		obx_dead_letter_retention_s == 0)
+		return 0;
+
+	caller = obx_step_begin("obx: purging old rows");
+	if (obx_retention_s > 0)
+		purged += purge_older_than(
+			"DELETE FROM obx.outbox_events WHERE id IN ("
+			" SELECT id FROM obx.outbox_events"
+			"  WHERE published_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
+			"  ORDER BY published_at LIMIT $2)",
+			obx_retention_s, "outbox");
+	if (obx_processed_retention_s > 0)
+		purged += purge_older_than(
+			"DELETE FROM obx.processed_events WHERE ctid IN ("
+			" SELECT ctid FROM obx.processed_events"
+			"  WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
+			"  ORDER BY processed_at LIMIT $2)",
+			obx_processed_retention_s, "dedupe");
+	if (obx_dead_letter_retention_s > 0)
+		purged += purge_dead_letters();
+	obx_step_end(caller);
+	return purged;
+}

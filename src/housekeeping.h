@@ -1,0 +1,14 @@
+/*-------------------------------------------------------------------------
+ *
+ * housekeeping.h
+ *	  The purges of old rows both kinds of worker run (housekeeping.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OBX_HOUSEKEEPING_H
+#define OBX_HOUSEKEEPING_H
+
+/* One short transaction of its own; returns how many rows went. */
+extern int64 obx_outbox_purge(void);
+
+#endif /* OBX_HOUSEKEEPING_H */
