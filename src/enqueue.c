@@ -27,6 +27,18 @@
 #define OBX_MAX_TOPIC_LEN 249
 #define OBX_MAX_KEY_LEN   1024
 
+/* An event as obx.enqueue's arguments give it. */
+typedef struct EnqueueEvent
+{
+	char *topic;
+	char *key;
+	Jsonb *payload;
+	char *aggregate_id; /* NULL: the key */
+	char *event_type;   /* NULL when not given */
+	Jsonb *headers;     /* NULL when not given */
+	pg_uuid_t *id;
+} EnqueueEvent;
+
 PG_FUNCTION_INFO_V1(obx_enqueue);
 PG_FUNCTION_INFO_V1(obx_wake);
 
@@ -112,13 +124,18 @@ topic_allowed(const char *topic)
 	return false;
 }
 
+/*
+ * The headers: a JSON object of strings, not naming obx's own, that with
+ * the payload's payload_len bytes fits obx.max_payload_size.
+ */
 static void
-check_headers(Jsonb *headers)
+check_headers(Jsonb *headers, size_t payload_len)
 {
 	JsonbIterator *it;
 	JsonbValue v;
 	JsonbIteratorToken tok;
 	char *key = NULL;
+	char *headers_text;
 
 	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
 		ereport(ERROR,
@@ -149,6 +166,13 @@ check_headers(Jsonb *headers)
 						 errmsg("obx event header \"%s\" must be a string", key)));
 		}
 	}
+	headers_text = JsonbToCString(NULL, &headers->root, VARSIZE(headers));
+	if (payload_len + strlen(headers_text) > (size_t) obx_max_payload_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("obx event headers are too large"),
+				 errdetail("The headers have %zu bytes of JSON and the payload %zu; together they may have at most obx.max_payload_size = %d.",
+						   strlen(headers_text), payload_len, obx_max_payload_size)));
 }
 
 /*
@@ -243,44 +267,44 @@ required_text(FunctionCallInfo fcinfo, int argno, const char *what)
 	return PG_GETARG_TEXT_PP(argno);
 }
 
+static SPIPlanPtr
+enqueue_prepare(const char *sql, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr plan = SPI_prepare(sql, nargs, argtypes);
+
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for obx enqueue: %s",
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
+/*
+ * Every name in these statements is schema-qualified, the one operator
+ * included, so this SECURITY DEFINER function resolves nothing through the
+ * caller's search_path.
+ */
 static void
-prepare_plans(void)
+enqueue_prepare_plans(void)
 {
 	Oid insert_types[7] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
 						   TEXTOID, JSONBOID, JSONBOID};
 	Oid existing_types[1] = {UUIDOID};
 
-	/*
-	 * Every name below is schema-qualified and the statements contain no
-	 * operators, so this SECURITY DEFINER function resolves nothing through
-	 * the caller's search_path.
-	 */
 	if (insert_plan == NULL)
-	{
-		insert_plan = SPI_prepare(
+		insert_plan = enqueue_prepare(
 			"INSERT INTO obx.outbox_events "
 			"(id, aggregate_id, topic, event_key, event_type, headers, payload) "
 			"VALUES ($1, $2, $3, $4, $5, $6, $7) "
 			"ON CONFLICT (id) DO NOTHING",
 			7, insert_types);
-		if (insert_plan == NULL)
-			elog(ERROR, "SPI_prepare failed for obx enqueue: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(insert_plan);
-	}
 	if (existing_plan == NULL)
-	{
-		existing_plan = SPI_prepare(
+		existing_plan = enqueue_prepare(
 			"SELECT topic, event_key, payload::pg_catalog.text, "
 			"coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
 			"aggregate_id "
 			"FROM obx.outbox_events WHERE id OPERATOR(pg_catalog.=) $1",
 			1, existing_types);
-		if (existing_plan == NULL)
-			elog(ERROR, "SPI_prepare failed for obx enqueue: %s",
-				 SPI_result_code_string(SPI_result));
-		SPI_keepplan(existing_plan);
-	}
 }
 
 static bool
@@ -334,37 +358,10 @@ check_existing(Datum id, const char *topic, const char *key, const char *aggrega
 				 errhint("Give a new event its own id, or omit the id to have one generated.")));
 }
 
-/*
- * obx.enqueue(topic, event_key, payload, aggregate_id, event_type, headers,
- *			   event_id) returns uuid
- *
- * Validates the event, inserts it into obx.outbox_events in the caller's
- * transaction and returns its id.  The event exists if and only if the
- * caller commits.
- */
-Datum
-obx_enqueue(PG_FUNCTION_ARGS)
+/* The topic: a valid Kafka topic name that obx.topics lets through. */
+static void
+check_topic(const char *topic)
 {
-	char *topic = text_to_cstring(required_text(fcinfo, 0, "topic"));
-	char *key = text_to_cstring(required_text(fcinfo, 1, "key"));
-	Jsonb *payload;
-	char *aggregate_id = NULL;
-	char *event_type = NULL;
-	Jsonb *headers = NULL;
-	pg_uuid_t *id;
-	char *payload_text;
-	size_t payload_len;
-	Datum values[7];
-	char nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	int rc;
-	bool inserted;
-
-	if (PG_ARGISNULL(2))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("obx event payload must not be null")));
-	payload = PG_GETARG_JSONB_P(2);
-
 	check_topic_name(topic);
 	if (!topic_allowed(topic))
 		ereport(ERROR,
@@ -372,7 +369,12 @@ obx_enqueue(PG_FUNCTION_ARGS)
 				 errmsg("obx topic \"%s\" is not allowed", topic),
 				 errdetail("obx.topics is \"%s\".", obx_topics ? obx_topics : ""),
 				 errhint("Add the topic, or a prefix ending in *, to obx.topics.")));
+}
 
+/* The key: not empty, at most OBX_MAX_KEY_LEN bytes. */
+static void
+check_key(const char *key)
+{
 	if (key[0] == '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -384,25 +386,55 @@ obx_enqueue(PG_FUNCTION_ARGS)
 				 errmsg("obx event key is too long"),
 				 errdetail("Keys have at most %d bytes; this one has %zu.",
 						   OBX_MAX_KEY_LEN, strlen(key))));
+}
+
+/* A JSON object of at most obx.max_payload_size bytes; returns its size. */
+static size_t
+check_payload(Jsonb *payload)
+{
+	size_t payload_len;
 
 	if (!JB_ROOT_IS_OBJECT(payload) || JB_ROOT_IS_SCALAR(payload))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("obx event payload must be a JSON object"),
 				 errhint("Wrap the data in an object with explicit fields, e.g. {\"eventType\": ..., \"orderId\": ...}.")));
-	payload_text = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
-	payload_len = strlen(payload_text);
+	payload_len = strlen(JsonbToCString(NULL, &payload->root, VARSIZE(payload)));
 	if (payload_len > (size_t) obx_max_payload_size)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("obx event payload is too large"),
 				 errdetail("The payload has %zu bytes of JSON; obx.max_payload_size is %d.",
 						   payload_len, obx_max_payload_size)));
+	return payload_len;
+}
+
+/*
+ * Read obx.enqueue's arguments into ev and check them: first that topic,
+ * key and payload are given, then each argument in turn.  The id is
+ * generated when none is given.
+ */
+static void
+read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev)
+{
+	size_t payload_len;
+
+	memset(ev, 0, sizeof(EnqueueEvent));
+	ev->topic = text_to_cstring(required_text(fcinfo, 0, "topic"));
+	ev->key = text_to_cstring(required_text(fcinfo, 1, "key"));
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("obx event payload must not be null")));
+	ev->payload = PG_GETARG_JSONB_P(2);
+	check_topic(ev->topic);
+	check_key(ev->key);
+	payload_len = check_payload(ev->payload);
 
 	if (!PG_ARGISNULL(3))
 	{
-		aggregate_id = text_to_cstring(PG_GETARG_TEXT_PP(3));
-		if (aggregate_id[0] == '\0')
+		ev->aggregate_id = text_to_cstring(PG_GETARG_TEXT_PP(3));
+		if (ev->aggregate_id[0] == '\0')
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("obx aggregate id must not be empty"),
@@ -410,8 +442,8 @@ obx_enqueue(PG_FUNCTION_ARGS)
 	}
 	if (!PG_ARGISNULL(4))
 	{
-		event_type = text_to_cstring(PG_GETARG_TEXT_PP(4));
-		if (event_type[0] == '\0')
+		ev->event_type = text_to_cstring(PG_GETARG_TEXT_PP(4));
+		if (ev->event_type[0] == '\0')
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("obx event type must not be empty"),
@@ -419,62 +451,72 @@ obx_enqueue(PG_FUNCTION_ARGS)
 	}
 	if (!PG_ARGISNULL(5))
 	{
-		char *headers_text;
-
-		headers = PG_GETARG_JSONB_P(5);
-		check_headers(headers);
-		headers_text = JsonbToCString(NULL, &headers->root, VARSIZE(headers));
-		if (payload_len + strlen(headers_text) > (size_t) obx_max_payload_size)
-			ereport(ERROR,
-					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("obx event headers are too large"),
-					 errdetail("The headers have %zu bytes of JSON and the payload %zu; together they may have at most obx.max_payload_size = %d.",
-							   strlen(headers_text), payload_len, obx_max_payload_size)));
+		ev->headers = PG_GETARG_JSONB_P(5);
+		check_headers(ev->headers, payload_len);
 	}
-
 	if (PG_ARGISNULL(6))
 	{
-		id = palloc(sizeof(pg_uuid_t));
-		make_uuid_v7(id);
+		ev->id = palloc(sizeof(pg_uuid_t));
+		make_uuid_v7(ev->id);
 	}
 	else
-		id = PG_GETARG_UUID_P(6);
+		ev->id = PG_GETARG_UUID_P(6);
+}
 
-	values[0] = UUIDPGetDatum(id);
-	values[1] = CStringGetTextDatum(aggregate_id ? aggregate_id : key);
-	values[2] = CStringGetTextDatum(topic);
-	values[3] = CStringGetTextDatum(key);
-	if (event_type)
-		values[4] = CStringGetTextDatum(event_type);
-	else
-	{
-		values[4] = (Datum) 0;
-		nulls[4] = 'n';
-	}
-	if (headers)
-		values[5] = JsonbPGetDatum(headers);
-	else
-	{
-		values[5] = (Datum) 0;
-		nulls[5] = 'n';
-	}
-	values[6] = JsonbPGetDatum(payload);
+/*
+ * Insert the event, in the caller's transaction; returns whether it was
+ * inserted, false when its id was there already with the same content.
+ */
+static bool
+insert_event(const EnqueueEvent *ev)
+{
+	const char *aggregate_id = ev->aggregate_id ? ev->aggregate_id : ev->key;
+	Datum values[7];
+	char nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	bool inserted;
+	int rc;
 
-	SPI_connect();
-	prepare_plans();
+	values[0] = UUIDPGetDatum(ev->id);
+	values[1] = CStringGetTextDatum(aggregate_id);
+	values[2] = CStringGetTextDatum(ev->topic);
+	values[3] = CStringGetTextDatum(ev->key);
+	values[4] = ev->event_type ? CStringGetTextDatum(ev->event_type) : (Datum) 0;
+	nulls[4] = ev->event_type ? ' ' : 'n';
+	values[5] = ev->headers ? JsonbPGetDatum(ev->headers) : (Datum) 0;
+	nulls[5] = ev->headers ? ' ' : 'n';
+	values[6] = JsonbPGetDatum(ev->payload);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "obx could not connect to SPI");
+	enqueue_prepare_plans();
 	rc = SPI_execute_plan(insert_plan, values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx enqueue insert failed: %s", SPI_result_code_string(rc));
 	inserted = (SPI_processed == 1);
 	if (!inserted)
-		check_existing(values[0], topic, key, aggregate_id ? aggregate_id : key,
-					   payload, event_type, headers);
+		check_existing(values[0], ev->topic, ev->key, aggregate_id,
+					   ev->payload, ev->event_type, ev->headers);
 	SPI_finish();
+	return inserted;
+}
 
-	if (inserted)
+/*
+ * obx.enqueue(topic, event_key, payload, aggregate_id, event_type, headers,
+ *			   event_id) returns uuid
+ *
+ * Validates the event, inserts it into obx.outbox_events in the caller's
+ * transaction and returns its id.  The event exists if and only if the
+ * caller commits.
+ */
+Datum
+obx_enqueue(PG_FUNCTION_ARGS)
+{
+	EnqueueEvent ev;
+
+	read_event(fcinfo, &ev);
+	if (insert_event(&ev))
 		wake_workers_at_commit();
-
-	PG_RETURN_UUID_P(id);
+	PG_RETURN_UUID_P(ev.id);
 }
 
 /*
