@@ -158,8 +158,10 @@ rethrow_handler_error(MemoryContext cxt, const char *name, int timeout_ms)
  *
  * The call runs the way PostgreSQL runs index expressions during VACUUM:
  * with the owner as the current user, in a security-restricted operation
- * and inside a GUC nest level unwound when it returns, with search_path
- * pg_catalog, pg_temp whoever calls it.
+ * (no SET ROLE, no temporary objects, no cursors or prepared statements
+ * outliving it) and inside a GUC nest level unwound when it returns, with
+ * search_path pg_catalog, pg_temp whoever calls it: a handler names its
+ * objects with their schema or sets its own search_path in its definition.
  *
  * When the timeout passes, the handler is cancelled and this raises
  * query_canceled saying so.  On any error the caller's (sub)transaction

@@ -93,8 +93,9 @@ static const char *watermark_sql =
 	"       high_watermark = excluded.high_watermark,"
 	"       watermarks_at = excluded.watermarks_at";
 
+/* This file's statements, prepared once per process and kept (SPI_keepplan). */
 static void
-prepare_plans(void)
+inbox_prepare_plans(void)
 {
 	if (mark_plan != NULL)
 		return;
@@ -559,7 +560,7 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 			elog(ERROR, "obx could not connect to SPI");
 		PushActiveSnapshot(GetTransactionSnapshot());
 		pgstat_report_activity(STATE_RUNNING, "obx: handling a Kafka message");
-		prepare_plans();
+		inbox_prepare_plans();
 
 		result = apply_message(msg, errbuf, errlen);
 		if (result == OBX_INBOX_RETRY)
@@ -597,7 +598,7 @@ obx_inbox_note_retry(const ObxInbound *msg, const char *error)
 	Datum values[4];
 	int rc;
 
-	prepare_plans();
+	inbox_prepare_plans();
 	values[0] = CStringGetTextDatum(msg->sub->name);
 	values[1] = CStringGetTextDatum(msg->topic);
 	values[2] = Int32GetDatum(msg->partition);
@@ -626,7 +627,7 @@ obx_inbox_watermarks(const char *consumer, int n, char **topics,
 	int rc;
 	int i;
 
-	prepare_plans();
+	inbox_prepare_plans();
 	for (i = 0; i < n; i++)
 	{
 		t[i] = CStringGetTextDatum(topics[i]);
