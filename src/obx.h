@@ -113,7 +113,7 @@ typedef struct ObxWorkerSlot
 
 /*
  * The message whose handler a consumer worker is running, so that its
- * successor knows when a handler ended the worker (see inbox.c).  Written
+ * successor knows when a handler ended the worker (see handler.c).  Written
  * only by the worker of that number; read by every consumer worker.
  */
 typedef struct ObxHandlerMessage
