@@ -6,59 +6,36 @@
  *	  processed, calls the subscription's handler and records progress, or
  *	  quarantines the message as a dead letter.
  *
- * Per message, in one transaction:
- *	  1. the event id (header event_id, else the payload's eventId or
- *		 event_id) and the payload as jsonb; a message without either is
- *		 malformed and becomes a dead letter;
+ * Per message, in one transaction (obx_inbox_handle):
+ *	  1. the event, built from the message (inbound.c); a message without an
+ *		 event id or a JSON payload is malformed and becomes a dead letter;
  *	  2. obx.mark_processed(consumer, event id); false means a duplicate, and
  *		 the handler is not called;
- *	  3. the handler, in a subtransaction, as the subscription's owner;
+ *	  3. the handler, in a subtransaction, as the subscription's owner
+ *		 (handler.c);
  *	  4. the partition's row in obx.consumer_partitions.
- * A handler error of a transient class (see is_transient) rolls the whole
- * transaction back, mark included: the caller must not move the offset
- * and retries the message later.  Any other handler error is recorded as
- * a dead letter in the same transaction that marks the event processed.
- * An error in obx's own statements is treated as transient: the message
- * is retried, never lost.
- *
- * The caller stores the Kafka offset only after this transaction has
- * committed (with synchronous_commit on), so a crash between the two
- * re-delivers the message, and step 2 makes it a duplicate.
- *
- * Every handler call, the worker's and obx.replay_dead_letter's (through
- * the SQL-callable obx._replay_handler here), goes through
- * obx_call_handler: as the subscription's owner, security-restricted,
- * inside a GUC nest level, under the subscription's handler_timeout_ms.
+ * A handler error of a transient class (is_transient) rolls the whole
+ * transaction back, mark included, and the message is retried; any other
+ * handler error is a dead letter, recorded in the transaction that marks
+ * the event processed.  An error in obx's own statements is transient.
+ * The caller stores the Kafka offset only after this transaction commits.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
-#include "access/htup_details.h"
 #include "access/xact.h"
-#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
-#include "funcapi.h"
-#include "mb/pg_wchar.h"
-#include "miscadmin.h"
 #include "pgstat.h"
-#include "utils/acl.h"
 #include "utils/builtins.h"
-#include "utils/guc.h"
-#include "utils/regproc.h"
-#include "utils/json.h"
-#include "utils/jsonb.h"
-#include "utils/lsyscache.h"
 #include "utils/memutils.h"
-#include "utils/resowner.h"
 #include "utils/snapmgr.h"
-#include "utils/syscache.h"
-#include "utils/timeout.h"
 #include "utils/timestamp.h"
-#include "utils/typcache.h"
 
 #include "obx.h"
+#include "handler.h"
+#include "inbound.h"
 
 static SPIPlanPtr mark_plan = NULL;
 static SPIPlanPtr progress_plan = NULL;
@@ -116,24 +93,9 @@ static const char *watermark_sql =
 	"       high_watermark = excluded.high_watermark,"
 	"       watermarks_at = excluded.watermarks_at";
 
-/*
- * What the handler gets and what a dead letter records, built from the
- * Kafka message before anything is written.
- */
-typedef struct InboundEvent
-{
-	char *event_id; /* NULL when there is none */
-	char *event_type;
-	char *key;
-	Datum headers; /* jsonb */
-	Datum payload; /* jsonb, valid when is_json */
-	bool is_json;  /* the value parsed as JSON */
-	bool malformed;
-	char *malformed_why;
-} InboundEvent;
-
+/* This file's statements, prepared once per process and kept (SPI_keepplan). */
 static void
-prepare_plans(void)
+inbox_prepare_plans(void)
 {
 	if (mark_plan != NULL)
 		return;
@@ -194,24 +156,67 @@ copy_text(HeapTuple tup, TupleDesc desc, int col)
 }
 
 /*
- * options.handler_timeout_ms as obx.subscribe accepts it: a whole number of
- * milliseconds, 0 for none.  Anything else (the row may have been written
- * by hand) falls back to the default: a handler is never left unbounded by
- * mistake, and a bad row does not stop the worker.
+ * Every subscription, with nothing parsed from the options of a row that
+ * has a problem (obx._subscription_problem), so that a bad row cannot
+ * fail the read.
  */
-static int
-parse_timeout(const char *text)
-{
-	char *end;
-	double ms;
+static const char *subscriptions_sql =
+	"SELECT s.consumer_name, s.topics, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid,"
+	"       p.oid IS NULL,"
+	"       CASE WHEN q.problem IS NULL"
+	"            THEN coalesce(s.options->>'start', 'earliest') END,"
+	"       CASE WHEN q.problem IS NULL THEN"
+	"       ARRAY(SELECT k.key FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
+	"       CASE WHEN q.problem IS NULL THEN"
+	"       ARRAY(SELECT k.value FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
+	"       CASE WHEN q.problem IS NULL THEN"
+	"       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(s.options->'retry_sqlstates')) END,"
+	"       pg_catalog.concat_ws('|', s.topics::pg_catalog.text, s.handler::pg_catalog.oid,"
+	"                 s.owner::pg_catalog.oid,"
+	"                 s.options::pg_catalog.text, p.oid IS NULL, q.problem),"
+	"       q.problem,"
+	"       CASE WHEN q.problem IS NULL THEN s.options->>'handler_timeout_ms' END"
+	"  FROM obx.subscriptions s"
+	"  LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler"
+	"  CROSS JOIN LATERAL (SELECT obx._subscription_problem(s) AS problem) q"
+	" ORDER BY s.consumer_name";
 
-	if (text == NULL)
-		return OBX_HANDLER_TIMEOUT_MS;
-	errno = 0;
-	ms = strtod(text, &end);
-	if (errno != 0 || end == text || *end != '\0' || !(ms >= 0 && ms <= INT_MAX))
-		return OBX_HANDLER_TIMEOUT_MS;
-	return (int) ms;
+/* One row of subscriptions_sql, copied in the current memory context. */
+static void
+read_subscription(HeapTuple tup, TupleDesc desc, ObxSubscription *s)
+{
+	bool isnull;
+	char **codes;
+	int nkafka_values;
+	int j;
+
+	s->name = TextDatumGetCString(SPI_getbinval(tup, desc, 1, &isnull));
+	s->topics = text_array(SPI_getbinval(tup, desc, 2, &isnull), &s->ntopics);
+	s->handler = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
+	s->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 4, &isnull));
+	s->handler_missing = DatumGetBool(SPI_getbinval(tup, desc, 5, &isnull));
+	s->signature = TextDatumGetCString(SPI_getbinval(tup, desc, 10, &isnull));
+	s->problem = copy_text(tup, desc, 11);
+	if (s->problem != NULL)
+	{
+		s->start = pstrdup("earliest");
+		s->kafka_names = s->kafka_values = palloc0(sizeof(char *));
+		s->retry_sqlstates = palloc0(sizeof(int));
+		return;
+	}
+	s->start = TextDatumGetCString(SPI_getbinval(tup, desc, 6, &isnull));
+	s->kafka_names = text_array(SPI_getbinval(tup, desc, 7, &isnull), &s->nkafka);
+	s->kafka_values = text_array(SPI_getbinval(tup, desc, 8, &isnull), &nkafka_values);
+	codes = text_array(SPI_getbinval(tup, desc, 9, &isnull), &s->nretry);
+	s->retry_sqlstates = palloc(sizeof(int) * Max(s->nretry, 1));
+	for (j = 0; j < s->nretry; j++)
+	{
+		const char *c = codes[j];
+
+		if (strlen(c) == 5)
+			s->retry_sqlstates[j] = MAKE_SQLSTATE(c[0], c[1], c[2], c[3], c[4]);
+	}
+	s->handler_timeout_ms = obx_handler_timeout(copy_text(tup, desc, 12));
 }
 
 /*
@@ -219,7 +224,7 @@ parse_timeout(const char *text)
  *		Every subscription, in name order, allocated in the caller's
  *		memory context.  A row the workers cannot serve (a bad row written
  *		directly, an owner or handler gone) comes with its problem set and
- *		nothing parsed from its options, so it cannot fail this read.
+ *		nothing parsed from its options.
  */
 ObxSubscription *
 obx_inbox_subscriptions(int *count)
@@ -229,27 +234,7 @@ obx_inbox_subscriptions(int *count)
 	int rc;
 	uint64 i;
 
-	rc = SPI_execute(
-		"SELECT s.consumer_name, s.topics, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid,"
-		"       p.oid IS NULL,"
-		"       CASE WHEN q.problem IS NULL"
-		"            THEN coalesce(s.options->>'start', 'earliest') END,"
-		"       CASE WHEN q.problem IS NULL THEN"
-		"       ARRAY(SELECT k.key FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
-		"       CASE WHEN q.problem IS NULL THEN"
-		"       ARRAY(SELECT k.value FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
-		"       CASE WHEN q.problem IS NULL THEN"
-		"       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(s.options->'retry_sqlstates')) END,"
-		"       pg_catalog.concat_ws('|', s.topics::pg_catalog.text, s.handler::pg_catalog.oid,"
-		"                 s.owner::pg_catalog.oid,"
-		"                 s.options::pg_catalog.text, p.oid IS NULL, q.problem),"
-		"       q.problem,"
-		"       CASE WHEN q.problem IS NULL THEN s.options->>'handler_timeout_ms' END"
-		"  FROM obx.subscriptions s"
-		"  LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler"
-		"  CROSS JOIN LATERAL (SELECT obx._subscription_problem(s) AS problem) q"
-		" ORDER BY s.consumer_name",
-		true, 0);
+	rc = SPI_execute(subscriptions_sql, true, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx could not read subscriptions: %s", SPI_result_code_string(rc));
 
@@ -257,235 +242,13 @@ obx_inbox_subscriptions(int *count)
 	subs = MemoryContextAllocZero(caller, sizeof(ObxSubscription) * Max(*count, 1));
 	for (i = 0; i < SPI_processed; i++)
 	{
-		HeapTuple tup = SPI_tuptable->vals[i];
-		TupleDesc desc = SPI_tuptable->tupdesc;
-		ObxSubscription *s = &subs[i];
 		MemoryContext spi = MemoryContextSwitchTo(caller);
-		bool isnull;
-		char **codes;
-		int nkafka_values;
-		int j;
 
-		s->name = TextDatumGetCString(SPI_getbinval(tup, desc, 1, &isnull));
-		s->topics = text_array(SPI_getbinval(tup, desc, 2, &isnull), &s->ntopics);
-		s->handler = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
-		s->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 4, &isnull));
-		s->handler_missing = DatumGetBool(SPI_getbinval(tup, desc, 5, &isnull));
-		s->signature = TextDatumGetCString(SPI_getbinval(tup, desc, 10, &isnull));
-		(void) SPI_getbinval(tup, desc, 11, &isnull);
-		if (!isnull)
-		{
-			s->problem = TextDatumGetCString(SPI_getbinval(tup, desc, 11, &isnull));
-			s->start = pstrdup("earliest");
-			s->kafka_names = s->kafka_values = palloc0(sizeof(char *));
-			s->retry_sqlstates = palloc0(sizeof(int));
-			MemoryContextSwitchTo(spi);
-			continue;
-		}
-		s->start = TextDatumGetCString(SPI_getbinval(tup, desc, 6, &isnull));
-		s->kafka_names = text_array(SPI_getbinval(tup, desc, 7, &isnull), &s->nkafka);
-		s->kafka_values = text_array(SPI_getbinval(tup, desc, 8, &isnull), &nkafka_values);
-		codes = text_array(SPI_getbinval(tup, desc, 9, &isnull), &s->nretry);
-		s->retry_sqlstates = palloc(sizeof(int) * Max(s->nretry, 1));
-		for (j = 0; j < s->nretry; j++)
-		{
-			const char *c = codes[j];
-
-			if (strlen(c) == 5)
-				s->retry_sqlstates[j] = MAKE_SQLSTATE(c[0], c[1], c[2], c[3], c[4]);
-		}
-		s->handler_timeout_ms = parse_timeout(copy_text(tup, desc, 12));
+		read_subscription(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &subs[i]);
 		MemoryContextSwitchTo(spi);
 	}
 	obx_step_end(caller);
 	return subs;
-}
-
-/*
- * Text of a key or header value: itself when it is valid in the database
- * encoding, else "\x" and its bytes in hex, so that binary keys and headers
- * from other producers still reach the handler (and nothing is dropped).
- */
-static char *
-as_text(const char *data, size_t len)
-{
-	StringInfoData buf;
-	size_t i;
-
-	if (pg_verifymbstr(data, (int) len, true))
-		return pnstrdup(data, len);
-	initStringInfo(&buf);
-	appendStringInfoString(&buf, "\\x");
-	for (i = 0; i < len; i++)
-		appendStringInfo(&buf, "%02x", (unsigned char) data[i]);
-	return buf.data;
-}
-
-static const char *
-header_value(const ObxInbound *msg, const char *name)
-{
-	int i;
-
-	/* The last header of that name wins, as in the headers object. */
-	for (i = msg->nheaders - 1; i >= 0; i--)
-		if (strcmp(msg->header_names[i], name) == 0)
-			return msg->header_values[i] == NULL ? NULL
-												 : as_text(msg->header_values[i], msg->header_lens[i]);
-	return NULL;
-}
-
-static char *
-jsonb_string_field(Jsonb *jb, const char *field)
-{
-	JsonbValue key;
-	JsonbValue *v;
-
-	if (!JB_ROOT_IS_OBJECT(jb))
-		return NULL;
-	key.type = jbvString;
-	key.val.string.val = (char *) field;
-	key.val.string.len = strlen(field);
-	v = findJsonbValueFromContainer(&jb->root, JB_FOBJECT, &key);
-	if (v == NULL || v->type != jbvString || v->val.string.len == 0)
-		return NULL;
-	return pnstrdup(v->val.string.val, v->val.string.len);
-}
-
-static Datum
-headers_jsonb(const ObxInbound *msg)
-{
-	StringInfoData buf;
-	int i;
-
-	initStringInfo(&buf);
-	appendStringInfoChar(&buf, '{');
-	for (i = 0; i < msg->nheaders; i++)
-	{
-		if (i > 0)
-			appendStringInfoString(&buf, ", ");
-		escape_json(&buf, as_text(msg->header_names[i], strlen(msg->header_names[i])));
-		appendStringInfoString(&buf, ": ");
-		if (msg->header_values[i] == NULL)
-			appendStringInfoString(&buf, "null");
-		else
-			escape_json(&buf, as_text(msg->header_values[i], msg->header_lens[i]));
-	}
-	appendStringInfoChar(&buf, '}');
-	return DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data));
-}
-
-/*
- * Run fn(arg) in a subtransaction.  Returns NULL when it succeeded, else
- * the error, with the subtransaction rolled back and the caller's memory
- * context and resource owner restored.
- */
-static ErrorData *
-in_subtransaction(void (*fn)(void *), void *arg)
-{
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	ErrorData *volatile edata = NULL;
-
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(cxt);
-	PG_TRY();
-	{
-		fn(arg);
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(cxt);
-	CurrentResourceOwner = owner;
-	return edata;
-}
-
-typedef struct ParseArgs
-{
-	const ObxInbound *msg;
-	InboundEvent *ev;
-} ParseArgs;
-
-static void
-parse_payload(void *arg)
-{
-	ParseArgs *a = (ParseArgs *) arg;
-	char *text = pnstrdup(a->msg->value, a->msg->value_len);
-
-	if (!pg_verifymbstr(a->msg->value, (int) a->msg->value_len, true))
-		ereport(ERROR,
-				(errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
-				 errmsg("message value is not valid %s", GetDatabaseEncodingName())));
-	a->ev->payload = DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
-}
-
-/*
- * Build what the handler gets from the Kafka message.  Never raises for
- * bad input: a message obx cannot turn into an event is marked malformed,
- * with the reason.
- */
-static void
-build_event(const ObxInbound *msg, InboundEvent *ev)
-{
-	memset(ev, 0, sizeof(*ev));
-	ev->key = msg->key ? as_text(msg->key, msg->key_len) : NULL;
-	ev->headers = headers_jsonb(msg);
-	ev->event_id = (char *) header_value(msg, "event_id");
-	ev->event_type = (char *) header_value(msg, "event_type");
-	if (ev->event_id != NULL && ev->event_id[0] == '\0')
-		ev->event_id = NULL;
-
-	if (msg->value == NULL)
-	{
-		ev->malformed = true;
-		ev->malformed_why = "message has no value (a tombstone)";
-	}
-	else
-	{
-		ParseArgs args = {msg, ev};
-		ErrorData *edata = in_subtransaction(parse_payload, &args);
-
-		if (edata != NULL)
-		{
-			ev->malformed = true;
-			ev->malformed_why = psprintf("payload is not JSON: %s", edata->message);
-		}
-		else
-			ev->is_json = true;
-	}
-	if (!ev->malformed)
-	{
-		Jsonb *jb = DatumGetJsonbP(ev->payload);
-
-		if (ev->event_id == NULL)
-			ev->event_id = jsonb_string_field(jb, "eventId");
-		if (ev->event_id == NULL)
-			ev->event_id = jsonb_string_field(jb, "event_id");
-		if (ev->event_type == NULL)
-			ev->event_type = jsonb_string_field(jb, "eventType");
-	}
-	if (ev->event_id != NULL && strlen(ev->event_id) > OBX_MAX_EVENT_ID_LEN)
-	{
-		/*
-		 * It could never be marked processed (the dedupe index refuses it):
-		 * retrying would block the partition forever.
-		 */
-		ev->malformed = true;
-		ev->malformed_why = psprintf("event id is not valid: %zu bytes, at most %d allowed",
-									 strlen(ev->event_id), OBX_MAX_EVENT_ID_LEN);
-		ev->event_id = NULL;
-	}
-	else if (!ev->malformed && ev->event_id == NULL)
-	{
-		ev->malformed = true;
-		ev->malformed_why = "no event id: no event_id header and no eventId or event_id field in the payload";
-	}
 }
 
 static Datum
@@ -495,8 +258,12 @@ text_or_null(const char *s, char *null)
 	return s == NULL ? (Datum) 0 : CStringGetTextDatum(s);
 }
 
+/*
+ * The message's partition row in obx.consumer_partitions: next offset past
+ * it, the outcome counted, the error (if any) kept.
+ */
 static void
-record_progress(const ObxInbound *msg, const InboundEvent *ev,
+record_progress(const ObxInbound *msg, const ObxInboundEvent *ev,
 				ObxInboxResult result, const char *error_class,
 				const char *error)
 {
@@ -521,8 +288,9 @@ record_progress(const ObxInbound *msg, const InboundEvent *ev,
 			 SPI_result_code_string(rc));
 }
 
+/* The message in obx.dead_letters, once per offset, with its error. */
 static void
-record_dead_letter(const ObxInbound *msg, const InboundEvent *ev,
+record_dead_letter(const ObxInbound *msg, const ObxInboundEvent *ev,
 				   const char *error_class, const char *sqlstate,
 				   const char *error)
 {
@@ -562,8 +330,9 @@ record_dead_letter(const ObxInbound *msg, const InboundEvent *ev,
 			 SPI_result_code_string(rc));
 }
 
+/* obx.mark_processed for the event: false when it is a duplicate. */
 static bool
-mark_processed(const ObxInbound *msg, const InboundEvent *ev)
+mark_processed(const ObxInbound *msg, const ObxInboundEvent *ev)
 {
 	Datum values[2];
 	bool isnull;
@@ -581,272 +350,36 @@ mark_processed(const ObxInbound *msg, const InboundEvent *ev)
 typedef struct HandlerArgs
 {
 	const ObxInbound *msg;
-	const InboundEvent *ev;
+	const ObxInboundEvent *ev;
 } HandlerArgs;
 
-/* The timer that stops a handler, registered once per process. */
-static TimeoutId handler_timeout_id = MAX_TIMEOUTS;
-static volatile sig_atomic_t handler_timed_out = false;
-static volatile sig_atomic_t handler_cancels = 0;
-
-/*
- * A consumer worker whose handler is still running this many cancels (one
- * a second) after its timeout ends itself (see handler_timeout_fired).
- */
-#define OBX_HANDLER_GRACE_CANCELS 5
-
-/* This consumer worker's slot in shared memory; NULL outside one (a replay). */
-static ObxHandlerSlot *my_handler_slot = NULL;
-
-/* Whether the last obx_call_handler ended by its timeout. */
-static bool handler_timeout_hit = false;
-
-/*
- * Timer callback (signal context): cancel what runs, as pg_cancel_backend
- * would.  It fires again every second until the handler has stopped, so a
- * handler that catches query_canceled is cancelled again.
- */
-static void
-handler_timeout_fired(void)
-{
-	handler_timed_out = true;
-
-	/*
-	 * A handler that catches query_canceled and goes on would hold the
-	 * worker, and every subscription it serves, forever.  The consumer
-	 * worker then ends (FATAL, restarted by the postmaster); its successor
-	 * finds the message in its slot and dead-letters it without calling the
-	 * handler again (obx_inbox_attach).
-	 */
-	if (my_handler_slot != NULL && ++handler_cancels > OBX_HANDLER_GRACE_CANCELS)
-		ProcDiePending = true;
-	InterruptPending = true;
-	QueryCancelPending = true;
-	SetLatch(MyLatch);
-}
-
-/*
- * obx_call_handler
- *		Call a subscription's handler on an obx.inbound_event, as the
- *		subscription's owner, for at most timeout_ms (0: no limit).
- *
- * The call runs the way PostgreSQL runs index expressions during VACUUM:
- * with the owner as the current user, in a security-restricted operation
- * (no SET ROLE, no temporary objects, no cursors or prepared statements
- * outliving it) and inside a GUC nest level that is unwound when it
- * returns, so no setting it changes (search_path included) survives it.
- * It sees search_path = pg_catalog, pg_temp whoever calls it: a handler
- * names its objects with their schema, or sets its own search_path in its
- * definition (CREATE FUNCTION ... SET search_path).
- *
- * When the timeout passes, the handler is cancelled and this raises
- * query_canceled saying so.  On any error the caller's (sub)transaction
- * abort restores the user and the settings; the timer is stopped here.
- */
-void
-obx_call_handler(Oid handler, Oid owner, Datum event, int timeout_ms)
-{
-	MemoryContext cxt = CurrentMemoryContext;
-	FmgrInfo flinfo;
-	Oid save_user;
-	int save_sec;
-	int save_nestlevel;
-	char *name;
-	LOCAL_FCINFO(fcinfo, 1);
-
-	if (handler_timeout_id == MAX_TIMEOUTS)
-		handler_timeout_id = RegisterTimeout(USER_TIMEOUT, handler_timeout_fired);
-
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(owner, save_sec | SECURITY_LOCAL_USERID_CHANGE |
-									  SECURITY_RESTRICTED_OPERATION);
-	save_nestlevel = NewGUCNestLevel();
-	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_SUSET,
-							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
-
-	if (pg_proc_aclcheck(handler, owner, ACL_EXECUTE) != ACLCHECK_OK)
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("role \"%s\" may not execute the obx handler %s",
-						GetUserNameFromId(owner, true), format_procedure(handler))));
-	/* Its name for the timeout's error, looked up while nothing failed. */
-	name = format_procedure(handler);
-	fmgr_info(handler, &flinfo);
-	InitFunctionCallInfoData(*fcinfo, &flinfo, 1, InvalidOid, NULL, NULL);
-	fcinfo->args[0].value = event;
-	fcinfo->args[0].isnull = false;
-
-	handler_timed_out = false;
-	handler_timeout_hit = false;
-	handler_cancels = 0;
-	if (timeout_ms > 0)
-		enable_timeout_every(handler_timeout_id,
-							 TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														 timeout_ms),
-							 1000);
-	PG_TRY();
-	{
-		(void) FunctionCallInvoke(fcinfo);
-	}
-	PG_CATCH();
-	{
-		ErrorData *edata;
-
-		disable_timeout(handler_timeout_id, false);
-		if (!handler_timed_out)
-			PG_RE_THROW();
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		if (edata->sqlerrcode != ERRCODE_QUERY_CANCELED)
-			PG_RE_THROW();
-		FlushErrorState();
-		handler_timeout_hit = true;
-		ereport(ERROR,
-				(errcode(ERRCODE_QUERY_CANCELED),
-				 errmsg("obx handler %s ran longer than its timeout of %d ms and was cancelled",
-						name, timeout_ms),
-				 errhint("Raise the subscription's option handler_timeout_ms if the handler needs more time.")));
-	}
-	PG_END_TRY();
-	disable_timeout(handler_timeout_id, false);
-
-	/* A cancel the timer sent after the handler returned is not for us. */
-	if (handler_timed_out)
-	{
-		QueryCancelPending = false;
-		handler_timed_out = false;
-	}
-	AtEOXact_GUC(false, save_nestlevel);
-	SetUserIdAndSecContext(save_user, save_sec);
-}
-
-/*
- * Call the handler with an obx.inbound_event, as the subscription's owner.
- * The subtransaction around it restores the user on error.
- */
+/* In the subtransaction of run_handler: the handler, on the event. */
 static void
 call_handler(void *arg)
 {
 	HandlerArgs *a = (HandlerArgs *) arg;
-	const ObxInbound *msg = a->msg;
-	const InboundEvent *ev = a->ev;
-	Oid nsp = get_namespace_oid("obx", false);
-	Oid typid = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
-								CStringGetDatum("inbound_event"),
-								ObjectIdGetDatum(nsp));
-	TupleDesc desc;
-	Datum values[9];
-	bool nulls[9];
-	HeapTuple tuple;
+	const ObxSubscription *sub = a->msg->sub;
 
-	if (!OidIsValid(typid))
-		elog(ERROR, "obx type obx.inbound_event does not exist");
-	desc = lookup_rowtype_tupdesc_copy(typid, -1);
-	memset(nulls, false, sizeof(nulls));
-	values[0] = CStringGetTextDatum(ev->event_id);
-	values[1] = ev->event_type ? CStringGetTextDatum(ev->event_type) : (Datum) 0;
-	nulls[1] = (ev->event_type == NULL);
-	values[2] = CStringGetTextDatum(msg->topic);
-	values[3] = Int32GetDatum(msg->partition);
-	values[4] = Int64GetDatum(msg->offset);
-	values[5] = ev->key ? CStringGetTextDatum(ev->key) : (Datum) 0;
-	nulls[5] = (ev->key == NULL);
-	values[6] = ev->headers;
-	values[7] = ev->payload;
-	values[8] = TimestampTzGetDatum(msg->timestamp);
-	nulls[8] = (msg->timestamp == 0);
-	tuple = heap_form_tuple(desc, values, nulls);
-
-	obx_call_handler(msg->sub->handler, msg->sub->owner,
-					 HeapTupleGetDatum(tuple), msg->sub->handler_timeout_ms);
+	obx_call_handler(sub->handler, sub->owner, obx_inbound_row(a->msg, a->ev),
+					 sub->handler_timeout_ms);
 }
 
 /*
- * obx_inbox_attach
- *		Take consumer worker number worker's slot.  When the previous
- *		worker of that number ended during a handler call (a handler that
- *		would not stop after its timeout, see handler_timeout_fired), keep
- *		that message as the slot's victim: whichever worker gets it next
- *		dead-letters it without calling the handler.
+ * Run the handler on the event in a subtransaction; NULL when it
+ * succeeded, else its error, with the subtransaction rolled back.  A
+ * message whose handler ended a worker gets that error, without a call.
  */
-void
-obx_inbox_attach(int worker)
-{
-	ObxHandlerSlot *slot = &obx_shared->handlers[worker];
-
-	if (slot->active)
-	{
-		slot->victim = slot->current;
-		slot->killed = true;
-		slot->active = false;
-		ereport(LOG,
-				(errmsg("obx consumer %d: its previous worker ended while the handler of consumer group \"%s\" ran on topic \"%s\" partition %d offset %lld",
-						worker, slot->victim.consumer, slot->victim.topic,
-						slot->victim.partition, (long long) slot->victim.offset),
-				 errdetail("The message is dead-lettered without calling the handler again.")));
-	}
-	my_handler_slot = slot;
-}
-
-static void
-enter_handler(const ObxInbound *msg)
-{
-	if (my_handler_slot == NULL)
-		return;
-	strlcpy(my_handler_slot->current.consumer, msg->sub->name,
-			sizeof(my_handler_slot->current.consumer));
-	strlcpy(my_handler_slot->current.topic, msg->topic,
-			sizeof(my_handler_slot->current.topic));
-	my_handler_slot->current.partition = msg->partition;
-	my_handler_slot->current.offset = msg->offset;
-	my_handler_slot->active = true;
-}
-
-static void
-leave_handler(void)
-{
-	if (my_handler_slot != NULL)
-		my_handler_slot->active = false;
-}
-
-/*
- * Whether a consumer worker ended while this message's handler ran; the
- * mark is cleared, so only one worker dead-letters the message.
- */
-static bool
-ended_a_worker(const ObxInbound *msg)
-{
-	int i;
-
-	if (my_handler_slot == NULL)
-		return false;
-	for (i = 0; i < OBX_MAX_WORKERS; i++)
-	{
-		ObxHandlerSlot *slot = &obx_shared->handlers[i];
-
-		if (slot->killed && slot->victim.partition == msg->partition &&
-			slot->victim.offset == msg->offset &&
-			strcmp(slot->victim.topic, msg->topic) == 0 &&
-			strcmp(slot->victim.consumer, msg->sub->name) == 0)
-		{
-			slot->killed = false;
-			return true;
-		}
-	}
-	return false;
-}
-
 static ErrorData *
-ended_a_worker_error(const ObxInbound *msg)
+run_handler(const ObxInbound *msg, const ObxInboundEvent *ev)
 {
-	ErrorData *edata = palloc0(sizeof(ErrorData));
+	HandlerArgs args = {msg, ev};
+	ErrorData *edata = obx_handler_ended_a_worker(msg);
 
-	edata->elevel = ERROR;
-	edata->sqlerrcode = ERRCODE_QUERY_CANCELED;
-	edata->message = psprintf("obx handler %s did not stop after its timeout of %d ms, and its consumer worker was restarted",
-							  format_procedure(msg->sub->handler),
-							  msg->sub->handler_timeout_ms);
-	handler_timeout_hit = true;
+	if (edata != NULL)
+		return edata;
+	obx_handler_enter(msg);
+	edata = obx_in_subtransaction(call_handler, &args);
+	obx_handler_leave();
 	return edata;
 }
 
@@ -897,11 +430,120 @@ log_now(const ObxInbound *msg, const char *kind, int sqlstate, const char **note
 #define LOG_CONTEXT_ARGS(msg, id) (msg)->sub->name, (msg)->topic, (msg)->partition, \
 								  (long long) (msg)->offset, (id) ? (id) : "(none)"
 
+/* A malformed message: a duplicate if its event id is known, else a dead letter. */
+static ObxInboxResult
+apply_malformed(const ObxInbound *msg, const ObxInboundEvent *ev)
+{
+	const char *note;
+
+	if (ev->event_id != NULL && !mark_processed(msg, ev))
+	{
+		record_progress(msg, ev, OBX_INBOX_DUPLICATE, NULL, NULL);
+		return OBX_INBOX_DUPLICATE;
+	}
+	record_dead_letter(msg, ev, "malformed", NULL, ev->malformed_why);
+	if (log_now(msg, "malformed", 0, &note))
+		ereport(WARNING,
+				(errmsg("obx consumer quarantined a malformed message: " LOG_CONTEXT_FMT,
+						LOG_CONTEXT_ARGS(msg, ev->event_id)),
+				 errdetail("Error class malformed: %s%s", ev->malformed_why, note),
+				 errhint("See obx.dead_letters; fix the row and call obx.replay_dead_letter.")));
+	record_progress(msg, ev, OBX_INBOX_DEAD_LETTER, "malformed", ev->malformed_why);
+	return OBX_INBOX_DEAD_LETTER;
+}
+
+/* A transient handler error: errbuf says why; the caller rolls back. */
+static ObxInboxResult
+retry_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
+					const ErrorData *edata, char *errbuf, size_t errlen)
+{
+	const char *note;
+
+	snprintf(errbuf, errlen, "handler error %s: %s",
+			 unpack_sql_state(edata->sqlerrcode), edata->message);
+	if (log_now(msg, "transient", edata->sqlerrcode, &note))
+		ereport(LOG,
+				(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
+						LOG_CONTEXT_ARGS(msg, ev->event_id)),
+				 errdetail("Error class transient: %s%s", errbuf, note)));
+	return OBX_INBOX_RETRY;
+}
+
+/* Any other handler error: a dead letter, in the transaction of the mark. */
+static ObxInboxResult
+dead_letter_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
+						  const ErrorData *edata)
+{
+	char *sqlstate = pstrdup(unpack_sql_state(edata->sqlerrcode));
+	char *why = psprintf("%s: %s", sqlstate, edata->message);
+	const char *note;
+
+	record_dead_letter(msg, ev, "handler", sqlstate, edata->message);
+	record_progress(msg, ev, OBX_INBOX_DEAD_LETTER, "handler", why);
+	if (log_now(msg, "handler", edata->sqlerrcode, &note))
+		ereport(WARNING,
+				(errmsg("obx consumer quarantined a message its handler rejected: " LOG_CONTEXT_FMT,
+						LOG_CONTEXT_ARGS(msg, ev->event_id)),
+				 errdetail("Error class handler: %s%s", why, note),
+				 errhint("See obx.dead_letters; after a fix, call obx.replay_dead_letter.")));
+	return OBX_INBOX_DEAD_LETTER;
+}
+
+/*
+ * Steps 1 to 4 of the file header, inside the message's transaction.
+ * OBX_INBOX_RETRY means the caller must roll back; errbuf says why.
+ */
+static ObxInboxResult
+apply_message(const ObxInbound *msg, char *errbuf, size_t errlen)
+{
+	ObxInboundEvent ev;
+	ErrorData *edata;
+
+	obx_inbound_build(msg, &ev);
+	if (ev.malformed)
+		return apply_malformed(msg, &ev);
+	if (!mark_processed(msg, &ev))
+	{
+		record_progress(msg, &ev, OBX_INBOX_DUPLICATE, NULL, NULL);
+		return OBX_INBOX_DUPLICATE;
+	}
+	edata = run_handler(msg, &ev);
+	if (edata == NULL)
+	{
+		record_progress(msg, &ev, OBX_INBOX_PROCESSED, NULL, NULL);
+		return OBX_INBOX_PROCESSED;
+	}
+	if (!obx_handler_timed_out() && is_transient(msg->sub, edata->sqlerrcode))
+		return retry_handler_error(msg, &ev, edata, errbuf, errlen);
+	return dead_letter_handler_error(msg, &ev, edata);
+}
+
+/*
+ * In obx_inbox_handle's PG_CATCH: an error in obx's own statements.  The
+ * transaction is rolled back and the message retried; errbuf says why.
+ */
+static void
+retry_after_obx_error(const ObxInbound *msg, char *errbuf, size_t errlen)
+{
+	ErrorData *edata = CopyErrorData();
+	const char *note;
+
+	FlushErrorState();
+	AbortCurrentTransaction();
+	snprintf(errbuf, errlen, "obx error %s: %s",
+			 unpack_sql_state(edata->sqlerrcode), edata->message);
+	if (log_now(msg, "obx", edata->sqlerrcode, &note))
+		ereport(WARNING,
+				(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
+						LOG_CONTEXT_ARGS(msg, NULL)),
+				 errdetail("%s%s", errbuf, note)));
+	FreeErrorData(edata);
+}
+
 /*
  * obx_inbox_handle
- *		Apply one Kafka message in one transaction; see the file header.
- *
- * On OBX_INBOX_RETRY, errbuf says why; nothing was committed.
+ *		Apply one Kafka message in one transaction of its own; see the file
+ *		header.  On OBX_INBOX_RETRY, errbuf says why; nothing was committed.
  */
 ObxInboxResult
 obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
@@ -914,89 +556,13 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 	StartTransactionCommand();
 	PG_TRY();
 	{
-		InboundEvent ev;
-		const char *note;
-
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "obx could not connect to SPI");
 		PushActiveSnapshot(GetTransactionSnapshot());
 		pgstat_report_activity(STATE_RUNNING, "obx: handling a Kafka message");
-		prepare_plans();
+		inbox_prepare_plans();
 
-		build_event(msg, &ev);
-		if (ev.malformed)
-		{
-			if (ev.event_id != NULL && !mark_processed(msg, &ev))
-				result = OBX_INBOX_DUPLICATE;
-			else
-			{
-				record_dead_letter(msg, &ev, "malformed", NULL, ev.malformed_why);
-				result = OBX_INBOX_DEAD_LETTER;
-				if (log_now(msg, "malformed", 0, &note))
-					ereport(WARNING,
-							(errmsg("obx consumer quarantined a malformed message: " LOG_CONTEXT_FMT,
-									LOG_CONTEXT_ARGS(msg, ev.event_id)),
-							 errdetail("Error class malformed: %s%s", ev.malformed_why, note),
-							 errhint("See obx.dead_letters; fix the row and call obx.replay_dead_letter.")));
-			}
-			record_progress(msg, &ev, result,
-							result == OBX_INBOX_DEAD_LETTER ? "malformed" : NULL,
-							result == OBX_INBOX_DEAD_LETTER ? ev.malformed_why : NULL);
-		}
-		else if (!mark_processed(msg, &ev))
-		{
-			result = OBX_INBOX_DUPLICATE;
-			record_progress(msg, &ev, result, NULL, NULL);
-		}
-		else
-		{
-			HandlerArgs args = {msg, &ev};
-			ErrorData *edata;
-
-			if (ended_a_worker(msg))
-				edata = ended_a_worker_error(msg);
-			else
-			{
-				enter_handler(msg);
-				edata = in_subtransaction(call_handler, &args);
-				leave_handler();
-			}
-
-			if (edata == NULL)
-			{
-				result = OBX_INBOX_PROCESSED;
-				record_progress(msg, &ev, result, NULL, NULL);
-			}
-			else if (!handler_timeout_hit &&
-					 is_transient(msg->sub, edata->sqlerrcode))
-			{
-				snprintf(errbuf, errlen, "handler error %s: %s",
-						 unpack_sql_state(edata->sqlerrcode), edata->message);
-				if (log_now(msg, "transient", edata->sqlerrcode, &note))
-					ereport(LOG,
-							(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
-									LOG_CONTEXT_ARGS(msg, ev.event_id)),
-							 errdetail("Error class transient: %s%s", errbuf, note)));
-				result = OBX_INBOX_RETRY;
-			}
-			else
-			{
-				char *why = psprintf("%s: %s", unpack_sql_state(edata->sqlerrcode),
-									 edata->message);
-
-				record_dead_letter(msg, &ev, "handler",
-								   unpack_sql_state(edata->sqlerrcode), edata->message);
-				result = OBX_INBOX_DEAD_LETTER;
-				record_progress(msg, &ev, result, "handler", why);
-				if (log_now(msg, "handler", edata->sqlerrcode, &note))
-					ereport(WARNING,
-							(errmsg("obx consumer quarantined a message its handler rejected: " LOG_CONTEXT_FMT,
-									LOG_CONTEXT_ARGS(msg, ev.event_id)),
-							 errdetail("Error class handler: %s%s", why, note),
-							 errhint("See obx.dead_letters; after a fix, call obx.replay_dead_letter.")));
-			}
-		}
-
+		result = apply_message(msg, errbuf, errlen);
 		if (result == OBX_INBOX_RETRY)
 			AbortCurrentTransaction();
 		else
@@ -1008,21 +574,8 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 	}
 	PG_CATCH();
 	{
-		ErrorData *edata;
-		const char *note;
-
 		MemoryContextSwitchTo(caller);
-		edata = CopyErrorData();
-		FlushErrorState();
-		AbortCurrentTransaction();
-		snprintf(errbuf, errlen, "obx error %s: %s",
-				 unpack_sql_state(edata->sqlerrcode), edata->message);
-		if (log_now(msg, "obx", edata->sqlerrcode, &note))
-			ereport(WARNING,
-					(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
-							LOG_CONTEXT_ARGS(msg, NULL)),
-					 errdetail("%s%s", errbuf, note)));
-		FreeErrorData(edata);
+		retry_after_obx_error(msg, errbuf, errlen);
 		result = OBX_INBOX_RETRY;
 	}
 	PG_END_TRY();
@@ -1045,7 +598,7 @@ obx_inbox_note_retry(const ObxInbound *msg, const char *error)
 	Datum values[4];
 	int rc;
 
-	prepare_plans();
+	inbox_prepare_plans();
 	values[0] = CStringGetTextDatum(msg->sub->name);
 	values[1] = CStringGetTextDatum(msg->topic);
 	values[2] = Int32GetDatum(msg->partition);
@@ -1074,7 +627,7 @@ obx_inbox_watermarks(const char *consumer, int n, char **topics,
 	int rc;
 	int i;
 
-	prepare_plans();
+	inbox_prepare_plans();
 	for (i = 0; i < n; i++)
 	{
 		t[i] = CStringGetTextDatum(topics[i]);
@@ -1092,61 +645,4 @@ obx_inbox_watermarks(const char *consumer, int n, char **topics,
 		elog(ERROR, "obx could not record consumer watermarks: %s",
 			 SPI_result_code_string(rc));
 	obx_step_end(caller);
-}
-
-PG_FUNCTION_INFO_V1(obx_replay_handler);
-
-/*
- * obx._replay_handler(dead_letter_id bigint)
- *		Run the subscription's handler on a dead letter not yet replayed,
- *		as the subscription's owner, never as the caller (a superuser
- *		replaying included), with the restrictions and the timeout of the
- *		consumer worker's calls (obx_call_handler).
- *
- * Called by obx.replay_dead_letter, which marks the event processed and
- * the dead letter replayed.  Reads the dead letter and its subscription
- * with the caller's privileges.
- */
-Datum
-obx_replay_handler(PG_FUNCTION_ARGS)
-{
-	int64 id = PG_GETARG_INT64(0);
-	Oid types[1] = {INT8OID};
-	Datum args[1];
-	HeapTuple tup;
-	TupleDesc desc;
-	bool isnull;
-	Oid handler;
-	Oid owner;
-	int rc;
-
-	args[0] = Int64GetDatum(id);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "obx could not connect to SPI");
-	rc = SPI_execute_with_args(
-		"SELECT s.handler::pg_catalog.oid, s.owner::pg_catalog.oid,"
-		"       s.options->>'handler_timeout_ms',"
-		"       ROW(d.event_id, d.event_type, d.topic, d.kafka_partition,"
-		"           d.kafka_offset, d.event_key, d.headers, d.payload,"
-		"           d.kafka_timestamp)::obx.inbound_event"
-		"  FROM obx.dead_letters d"
-		"  JOIN obx.subscriptions s ON s.consumer_name = d.consumer_name"
-		" WHERE d.id = $1 AND d.replayed_at IS NULL",
-		1, types, args, NULL, false, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "obx could not read dead letter " INT64_FORMAT ": %s", id,
-			 SPI_result_code_string(rc));
-	if (SPI_processed != 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("no obx dead letter %lld waiting for a replay with a subscription",
-						(long long) id)));
-	tup = SPI_tuptable->vals[0];
-	desc = SPI_tuptable->tupdesc;
-	handler = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
-	owner = DatumGetObjectId(SPI_getbinval(tup, desc, 2, &isnull));
-	obx_call_handler(handler, owner, SPI_getbinval(tup, desc, 4, &isnull),
-					 parse_timeout(copy_text(tup, desc, 3)));
-	SPI_finish();
-	PG_RETURN_VOID();
 }

@@ -13,8 +13,9 @@
  *	  enqueue.c	SQL-callable functions: enqueue and the commit wake-up
  *	  status.c	worker status in shared memory and its SQL view
  *	  consumer.c	the consumer worker: subscriptions, librdkafka consumers
- *	  inbox.c	every statement the consumer runs: one transaction per message;
- *				every handler call (obx_call_handler, obx._replay_handler)
+ *	  inbox.c	every statement the consumer runs: one transaction per message
+ *	  inbound.c	a Kafka message made into the event a handler gets
+ *	  handler.c	every handler call (obx_call_handler, obx._replay_handler)
  *	  kafka_conf.c	who may set which librdkafka property; the properties file
  *	  consumer_sql.c	subscribe, unsubscribe, mark_processed: who calls
  *
@@ -104,7 +105,7 @@ typedef struct ObxWorkerSlot
 
 /*
  * The message whose handler a consumer worker is running, so that its
- * successor knows when a handler ended the worker (see inbox.c).  Written
+ * successor knows when a handler ended the worker (see handler.c).  Written
  * only by the worker of that number; read by every consumer worker.
  */
 typedef struct ObxHandlerMessage
@@ -188,87 +189,13 @@ extern bool obx_extension_exists(void);
 #include "kafka.h"
 #include "kafka_conf.h"
 
-/*
- * A subscription as the consumer workers read it from obx.subscriptions.
- * Allocated in the caller's memory context.
- */
-typedef struct ObxSubscription
-{
-	char *name; /* consumer name = Kafka consumer group */
-	int ntopics;
-	char **topics;
-	Oid handler;
-	Oid owner;
-	bool handler_missing;
-	char *start; /* auto.offset.reset: earliest or latest */
-	int nkafka;  /* options.kafka as name/value pairs */
-	char **kafka_names;
-	char **kafka_values;
-	int nretry; /* options.retry_sqlstates, as error codes */
-	int *retry_sqlstates;
-	int handler_timeout_ms; /* options.handler_timeout_ms; 0: none */
-	char *signature;        /* everything above, to notice a change */
-	/* Why the workers cannot serve it (obx._subscription_problem), or NULL */
-	char *problem;
-} ObxSubscription;
-
-/* One Kafka message, as the consumer hands it to the inbox. */
-typedef struct ObxInbound
-{
-	const ObxSubscription *sub;
-	const char *topic;
-	int32 partition;
-	int64 offset;
-	const char *key; /* NULL when the message has none */
-	size_t key_len;
-	const char *value; /* NULL for a tombstone */
-	size_t value_len;
-	int nheaders;
-	const char **header_names;
-	const char **header_values; /* NULL for a null header value */
-	size_t *header_lens;
-	TimestampTz timestamp; /* 0 when the message has none */
-} ObxInbound;
-
-typedef enum ObxInboxResult
-{
-	OBX_INBOX_PROCESSED,   /* handler ran and committed */
-	OBX_INBOX_DUPLICATE,   /* already processed: handler not called */
-	OBX_INBOX_DEAD_LETTER, /* malformed or handler error: quarantined */
-	OBX_INBOX_RETRY        /* transient: rolled back, offset must not move */
-} ObxInboxResult;
+#include "inbox.h"
 
 /* consumer.c */
 extern PGDLLEXPORT void obx_consumer_main(Datum main_arg);
 
-/*
- * A handler runs at most this long unless its subscription says otherwise
- * (options.handler_timeout_ms).
- */
-#define OBX_HANDLER_TIMEOUT_MS 30000
+#include "handler.h"
 
-/*
- * An event id longer than this (in bytes) is malformed: it could not be
- * recorded in obx.processed_events, whose index has a size limit.
- */
-#define OBX_MAX_EVENT_ID_LEN 512
-
-/* inbox.c: each call is one transaction of its own */
-extern ObxSubscription *obx_inbox_subscriptions(int *count);
-extern ObxInboxResult obx_inbox_handle(const ObxInbound *msg,
-									   char *errbuf, size_t errlen);
-extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
-extern void obx_call_handler(Oid handler, Oid owner, Datum event,
-							 int timeout_ms);
-extern void obx_inbox_attach(int worker);
-extern void obx_inbox_watermarks(const char *consumer, int n, char **topics,
-								 int32 *partitions, int64 *lows, int64 *highs);
-
-/* status.c */
-extern void obx_status_set_state(int worker, ObxWorkerState state);
-extern void obx_status_batch_done(int worker, int published, int failed,
-								  const char *error);
-extern void obx_status_error(int worker, const char *error);
-extern bool obx_log_allowed(const char *what, int64 *suppressed);
+#include "status.h"
 
 #endif /* OBX_H */

@@ -3,7 +3,8 @@
  * status.c
  *	  Relay worker status: the workers write their state and counters into
  *	  their shared-memory slot, and obx.worker_status() (the obx.workers
- *	  view) reads them.
+ *	  view) reads them.  Also the limit on repeated log lines
+ *	  (obx_log_allowed) that relay and consumer workers share.
  *
  *-------------------------------------------------------------------------
  */
@@ -20,16 +21,25 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "status.h"
 
 PG_FUNCTION_INFO_V1(obx_worker_status);
 
 /* events/s is measured over the last one to two windows of this length */
 #define OBX_RATE_WINDOW_MS 10000
 
+/*
+ * What obx.workers shows for a slot.  A worker's exit leaves its slot
+ * without a pid (detach_slot in relay.c): "stopped", until the postmaster
+ * starts it again; a slot never attached since the server started is "not
+ * started".  OBX_STATE_STOPPING with a pid is a live worker shutting down.
+ */
 static const char *
-obx_state_name(ObxWorkerState state)
+state_name(const ObxWorkerSlot *slot)
 {
-	switch (state)
+	if (slot->pid == 0)
+		return slot->started_at == 0 ? "not started" : "stopped";
+	switch (slot->state)
 	{
 		case OBX_STATE_STARTING:
 			return "starting";
@@ -46,7 +56,7 @@ obx_state_name(ObxWorkerState state)
 		case OBX_STATE_WAITING_FOR_EXTENSION:
 			return "waiting for extension";
 		case OBX_STATE_STOPPING:
-			return "stopped";
+			return "stopping";
 	}
 	return "unknown";
 }
@@ -158,7 +168,7 @@ obx_worker_status(PG_FUNCTION_ARGS)
 		values[0] = Int32GetDatum(i);
 		values[1] = Int32GetDatum(copy.pid);
 		nulls[1] = (copy.pid == 0);
-		values[2] = CStringGetTextDatum(copy.pid == 0 && copy.started_at == 0 ? "not started" : obx_state_name(copy.state));
+		values[2] = CStringGetTextDatum(state_name(&copy));
 		values[3] = Int64GetDatum(copy.batches);
 		values[4] = Int64GetDatum(copy.published);
 		values[5] = Int64GetDatum(copy.errors);

@@ -6,7 +6,9 @@
 # One event is refused for good (a payload over the producer's
 # message.max.bytes: MSG_SIZE_TOO_LARGE, a permanent error) and
 # quarantined, holding back two later events of its key; then the limit is
-# raised and the event retried; then the brokers go down and come back.
+# raised and the event retried; then the brokers go down and come back;
+# then a worker is terminated and comes back (obx.workers shows "stopped"
+# exactly while it has no process).
 # After each step the exporter, running as a role with only obx's
 # documented monitoring grants, is scraped over HTTP and every obx metric
 # is compared with obx.status and obx.workers: per-topic pending, leased,
@@ -29,7 +31,7 @@ my $t0 = time();
 my $orders = 'orders.metrics.v1';
 my $payments = 'payments.metrics.v1';
 my @states = ('not started', 'starting', 'idle', 'producing', 'backing off',
-	'broker down', 'standby', 'waiting for extension', 'stopped');
+	'broker down', 'standby', 'waiting for extension', 'stopping', 'stopped');
 
 my $mock = start_mock();
 # The poison is deterministic, as in t/022: enqueue accepts up to 1 MB,
@@ -225,6 +227,48 @@ broker_holds($orders);
 ok(wait_metrics_for('no worker in state "broker down"', sub {
 	!grep { $_->{value} == 1 } samples(shift, 'obx_worker_state', state => 'broker down') }, 60),
 	'no worker shows "broker down" within 60 s of the brokers coming back');
+
+#
+# Step 5: a relay worker ends (pg_terminate_backend) and the postmaster
+# starts it again a second later.  Until then its slot has no pid and
+# obx.workers must say "stopped", not "stopping" (a live worker shutting
+# down) nor what it did before.  One session watches the slot every 10 ms
+# from the terminate until the new process is there: the second without a
+# process is many polls long, so it cannot be missed.
+#
+my $watch = $node->safe_psql('postgres', q{
+	CREATE TEMP TABLE seen (n serial, pid int, state text);
+	CREATE TEMP TABLE old AS SELECT pid FROM obx.workers WHERE worker = 1;
+	SELECT pg_terminate_backend(pid) FROM old;
+	DO $$
+	DECLARE
+		w record;
+		last text := '';
+		give_up timestamptz := clock_timestamp() + interval '60 s';
+	BEGIN
+		LOOP
+			SELECT pid, state INTO w FROM obx.workers WHERE worker = 1;
+			IF coalesce(w.pid::text, '-') || w.state <> last THEN
+				INSERT INTO seen (pid, state) VALUES (w.pid, w.state);
+				last := coalesce(w.pid::text, '-') || w.state;
+			END IF;
+			EXIT WHEN w.pid <> (SELECT pid FROM old) OR clock_timestamp() > give_up;
+			PERFORM pg_sleep(0.01);  -- the poll's pace, not a wait for a result
+		END LOOP;
+	END $$;
+	SELECT coalesce(s.pid::text, ''), s.state, s.pid IS NOT DISTINCT FROM o.pid
+	  FROM seen s, old o ORDER BY s.n;});
+my @seen = map { [ split /\|/ ] } grep { /\|/ } split /\n/, $watch;
+note('worker 1 through its restart: ' . join(', ', map { "$_->[1] ($_->[0])" } @seen));
+my %while_gone = map { $_->[1] => 1 } grep { $_->[0] eq '' } @seen;
+ok(%while_gone, 'worker 1 was seen without a process between its exit and its restart');
+is_deeply([ sort keys %while_gone ], ['stopped'],
+	'a worker that has exited shows "stopped", nothing else');
+ok(!grep({ $_->[2] eq 't' && $_->[1] eq 'stopped' } @seen),
+	'the worker shows "stopped" only once its process is gone');
+ok(@seen && $seen[-1][0] ne '' && $seen[-1][2] eq 'f', 'worker 1 came back as a new process');
+$m = wait_metrics('both workers idle after the restart', sub { all_in_state(shift, 'idle') });
+check_workers($m, 'after worker 1 restarted', 39, undef);
 
 #
 # Consumer metrics: a subscription on the orders topic applies its events;

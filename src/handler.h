@@ -1,0 +1,29 @@
+/*-------------------------------------------------------------------------
+ *
+ * handler.h
+ *	  Calling a subscription's handler as the subscription's owner
+ *	  (handler.c): restricted, inside a GUC nest level, under a timeout;
+ *	  and the consumer worker's shared-memory slot that lets a successor
+ *	  recognise a message whose handler ended the worker.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OBX_HANDLER_H
+#define OBX_HANDLER_H
+
+#include "postgres.h"
+
+#include "inbox.h"
+
+extern void obx_call_handler(Oid handler, Oid owner, Datum event,
+							 int timeout_ms);
+extern int obx_handler_timeout(const char *option);
+
+/* The consumer worker's side: one slot per worker number. */
+extern void obx_inbox_attach(int worker);
+extern void obx_handler_enter(const ObxInbound *msg);
+extern void obx_handler_leave(void);
+extern bool obx_handler_timed_out(void);
+extern ErrorData *obx_handler_ended_a_worker(const ObxInbound *msg);
+
+#endif /* OBX_HANDLER_H */

@@ -1,0 +1,75 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox.h
+ *	  The consumer worker's statements (inbox.c): the subscriptions it
+ *	  serves, and one transaction per Kafka message that dedupes it, calls
+ *	  its handler and records progress, or makes it a dead letter.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OBX_INBOX_H
+#define OBX_INBOX_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+
+/*
+ * A subscription as the consumer workers read it from obx.subscriptions.
+ * Allocated in the caller's memory context.
+ */
+typedef struct ObxSubscription
+{
+	char *name; /* consumer name = Kafka consumer group */
+	int ntopics;
+	char **topics;
+	Oid handler;
+	Oid owner;
+	bool handler_missing;
+	char *start; /* auto.offset.reset: earliest or latest */
+	int nkafka;  /* options.kafka as name/value pairs */
+	char **kafka_names;
+	char **kafka_values;
+	int nretry; /* options.retry_sqlstates, as error codes */
+	int *retry_sqlstates;
+	int handler_timeout_ms; /* options.handler_timeout_ms; 0: none */
+	char *signature;        /* everything above, to notice a change */
+	/* Why the workers cannot serve it (obx._subscription_problem), or NULL */
+	char *problem;
+} ObxSubscription;
+
+/* One Kafka message, as the consumer hands it to the inbox. */
+typedef struct ObxInbound
+{
+	const ObxSubscription *sub;
+	const char *topic;
+	int32 partition;
+	int64 offset;
+	const char *key; /* NULL when the message has none */
+	size_t key_len;
+	const char *value; /* NULL for a tombstone */
+	size_t value_len;
+	int nheaders;
+	const char **header_names;
+	const char **header_values; /* NULL for a null header value */
+	size_t *header_lens;
+	TimestampTz timestamp; /* 0 when the message has none */
+} ObxInbound;
+
+typedef enum ObxInboxResult
+{
+	OBX_INBOX_PROCESSED,   /* handler ran and committed */
+	OBX_INBOX_DUPLICATE,   /* already processed: handler not called */
+	OBX_INBOX_DEAD_LETTER, /* malformed or handler error: quarantined */
+	OBX_INBOX_RETRY        /* transient: rolled back, offset must not move */
+} ObxInboxResult;
+
+/* Each call is one transaction of its own. */
+extern ObxSubscription *obx_inbox_subscriptions(int *count);
+extern ObxInboxResult obx_inbox_handle(const ObxInbound *msg,
+									   char *errbuf, size_t errlen);
+extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
+extern void obx_inbox_watermarks(const char *consumer, int n, char **topics,
+								 int32 *partitions, int64 *lows, int64 *highs);
+
+#endif /* OBX_INBOX_H */

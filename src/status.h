@@ -1,0 +1,21 @@
+/*-------------------------------------------------------------------------
+ *
+ * status.h
+ *	  Relay worker status (status.c): what a worker writes into its
+ *	  shared-memory slot for the obx.workers view, and the limit on
+ *	  repeated log lines that every worker uses.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OBX_STATUS_H
+#define OBX_STATUS_H
+
+#include "obx.h" /* ObxWorkerState, the slots in shared memory */
+
+extern void obx_status_set_state(int worker, ObxWorkerState state);
+extern void obx_status_batch_done(int worker, int published, int failed,
+								  const char *error);
+extern void obx_status_error(int worker, const char *error);
+extern bool obx_log_allowed(const char *what, int64 *suppressed);
+
+#endif /* OBX_STATUS_H */
