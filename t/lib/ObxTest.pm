@@ -203,18 +203,28 @@ sub enqueue_with_rollbacks
 	return (\%committed, \%rolled_back);
 }
 
-# wait_until(sub { ... }, 'what'): poll a condition every 50 ms until it
-# holds; fails the test (and returns false) after the harness timeout.
+# wait_until(sub { ... }, 'what', %opt): the one polling helper of the
+# obx tests.  Calls the condition every 50 ms (every => seconds: another
+# interval) until it returns true, and returns true.  When it has not held
+# after the harness timeout ($PostgreSQL::Test::Utils::timeout_default;
+# timeout => seconds: another limit), it fails the test with "timed out
+# after N s waiting for what" and returns false; with quiet => 1 it only
+# notes that, for a caller that decides itself (a TODO block, a die with
+# more detail).  A condition that is one SQL query is
+# $node->poll_query_until, which shows the query and its last result when
+# it gives up.
 sub wait_until
 {
-	my ($cond, $what) = @_;
-	my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
-	while (time() < $deadline)
+	my ($cond, $what, %opt) = @_;
+	my $limit = $opt{timeout} // $PostgreSQL::Test::Utils::timeout_default;
+	my $start = time();
+	while (time() - $start < $limit)
 	{
 		return 1 if $cond->();
-		usleep(50_000);    # poll interval of this condition wait
+		usleep(1_000_000 * ($opt{every} // 0.05));    # poll interval of this condition wait
 	}
-	fail("timed out waiting for $what");
+	my $msg = sprintf('timed out after %.0f s waiting for %s', time() - $start, $what);
+	$opt{quiet} ? note($msg) : fail($msg);
 	return 0;
 }
 
