@@ -26,35 +26,22 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'stock.crash.v1';
 my $consumer = 'stock-crash';
-mock_cmd($mock, "topic-create $topic 4");
 
 # The test harness turns restart_after_crash off; a crash here must be
 # recovered from.  Events come through the outbox (one relay worker).
-my $node = obx_node('consumer_crash', $mock,
-	'restart_after_crash' => 'on',
-	'obx.workers' => 1,
-	'obx.consumer_workers' => 1);
-wait_consumer_pids($node, 1);
+my $node = consumer_node('consumer_crash', $mock, topics => { $topic => 4 },
+	relays => 1, conf => { 'restart_after_crash' => 'on' });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
-q1(q{
-	CREATE FUNCTION shop.reserve(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS $$
-	BEGIN
+# A short session timeout: after the crash the dead member must leave the
+# group (it never sends a LeaveGroup) before its partitions are reassigned.
+subscribe($node, $consumer, [$topic], handler($node, 'shop.reserve', q{
 		IF e.payload->>'gate' = 'hold' THEN
 			PERFORM pg_advisory_xact_lock_shared(4141);
 		END IF;
-		PERFORM shop.record(e);
-	END
-	$$;
-});
-# A short session timeout: after the crash the dead member must leave the
-# group (it never sends a LeaveGroup) before its partitions are reassigned.
-q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'],
-	'shop.reserve(obx.inbound_event)',
-	'{"kafka": {"auto.commit.interval.ms": "3600000", "session.timeout.ms": "6000"}}')});
+		PERFORM shop.record(e);}),
+	kafka => { 'auto.commit.interval.ms' => 3600000, 'session.timeout.ms' => 6000 });
 
 # enqueue_events($prefix, $n, %extra): $n events on keys sku-1..sku-8 (so
 # on several partitions), each in its own transaction; returns their ids.

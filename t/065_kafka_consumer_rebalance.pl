@@ -35,30 +35,20 @@ my $consumer = 'stock-rebalance';
 my $commit_ms = 500;    # the consumers' auto.commit.interval.ms
 
 my $kafka = start_kafka(nodes => 3);
-kafka_cluster($kafka, 'topic', $topic, 6);
 
 # The test harness turns restart_after_crash off; the SIGKILL below must
 # be recovered from.
-my $node = obx_node('consumer_rebalance', $kafka,
-	'restart_after_crash' => 'on',
-	'obx.workers' => 2,
-	'obx.consumer_workers' => 2);
-relay_ready($node, 2);
-wait_consumer_pids($node, 2);
+my $node = consumer_node('consumer_rebalance', $kafka, topics => { $topic => 6 },
+	relays => 2, consumers => 2, conf => { 'restart_after_crash' => 'on' });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
-q1(qq{
-	CREATE FUNCTION shop.apply(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS \$\$
-	BEGIN
+my $apply = handler($node, 'shop.apply', q{
 		IF e.payload->>'gate' = 'hold' THEN
 			PERFORM pg_advisory_xact_lock_shared(6565);
 		END IF;
-		PERFORM shop.record(e);
-	END
-	\$\$;
+		PERFORM shop.record(e);});
+q1(qq{
 	CREATE TABLE shop.flow (stop boolean NOT NULL);
 	INSERT INTO shop.flow VALUES (false);
 	-- The application: n events (or until shop.flow says stop) on keys
@@ -81,9 +71,8 @@ q1(qq{
 # A short session timeout (the broker's minimum): the members that die
 # with SIGKILL never leave the group, the rebalance waits for their
 # sessions to time out.
-q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'],
-	'shop.apply(obx.inbound_event)',
-	'{"kafka": {"auto.commit.interval.ms": "$commit_ms", "session.timeout.ms": "6000"}}')});
+subscribe($node, $consumer, [$topic], $apply,
+	kafka => { 'auto.commit.interval.ms' => $commit_ms, 'session.timeout.ms' => 6000 });
 
 sub applied { q1('SELECT count(*) FROM shop.effects') }
 

@@ -18,7 +18,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep time);
 
-our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster obx_node obx_primary relay_ready read_topic wait_for_broker
+our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster create_topic obx_node obx_primary relay_ready read_topic wait_for_broker
   wait_until all_published event_ids_at_broker first_occurrences
   enqueue_with_rollbacks
   committed_ids relay_pids broker_holds_exactly);
@@ -111,6 +111,22 @@ sub kafka_cluster
 		IPC::Run::timeout(2 * $PostgreSQL::Test::Utils::timeout_default))
 	  or die "kafka-cluster $cmd @args failed: $err";
 	return $out;
+}
+
+# create_topic($broker, $topic, $partitions): make the topic at a
+# stand-in (start_mock) or a real Kafka cluster (start_kafka).
+sub create_topic
+{
+	my ($broker, $topic, $partitions) = @_;
+	if (defined $broker->{control})
+	{
+		mock_cmd($broker, "topic-create $topic $partitions");
+	}
+	else
+	{
+		kafka_cluster($broker, 'topic', $topic, $partitions);
+	}
+	return;
 }
 
 # obx_node($name, $mock, %conf): a started PostgreSQL node with obx
