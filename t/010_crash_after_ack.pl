@@ -47,13 +47,7 @@ mock_cmd($mock, 'down all');
 # claims them as one batch; then, in transactions of their own, a later
 # event on the victim's key and one on a fourth key, which the single
 # worker can only claim after the crash.
-my @batch = split /\n/, $node->safe_psql('postgres', qq{
-	BEGIN;
-	SELECT obx.enqueue('$topic', 'ord_1', '{"n": 1}');
-	SELECT obx.enqueue('$topic', 'ord_2', '{"n": 1}');
-	SELECT obx.enqueue('$topic', 'ord_3', '{"n": 1}');
-	COMMIT;});
-is(scalar(@batch), 3, 'three events committed in one transaction');
+my @batch = one_batch($node, $topic, '');
 my $victim = $batch[0];
 my @later;
 push @later, $node->safe_psql('postgres',

@@ -128,7 +128,6 @@ sub check_window
 	my $t = time();
 	my $topic = 'orders.restart_pending.v1';
 	my $nkeys = 20;
-	my $n = 0;
 	my $slowest = 0;
 
 	# Known to the producers before the pause.
@@ -136,31 +135,8 @@ sub check_window
 		"SELECT obx.enqueue('$topic', 'warmup', '{}')"));
 	ok(all_published($node), 'restart: warm-up event published');
 
-	# enqueue_wave($wave, $ntx): $ntx transactions of 10 events, keys
-	# spread, each statement under statement_timeout.  Returns the ids.
-	my $enqueue_wave = sub {
-		my ($wave, $ntx) = @_;
-		my @ids;
-		for my $tx (1 .. $ntx)
-		{
-			my $sql = "SET statement_timeout = '5s';\nBEGIN;\n";
-			for (1 .. 10)
-			{
-				$n++;
-				my $key = 'ord_' . ($n % $nkeys);
-				$sql .= "SELECT obx.enqueue('$topic', '$key', '{\"wave\": $wave, \"n\": $n}');\n";
-			}
-			$sql .= "COMMIT;\n";
-			my $start = time();
-			my ($ret, $out, $err) = $node->psql('postgres', $sql, on_error_stop => 1);
-			my $took = time() - $start;
-			$slowest = $took if $took > $slowest;
-			is($ret, 0, "restart: wave $wave tx $tx committed with the brokers paused")
-			  or diag($err);
-			push @ids, grep { length } split /\n/, $out;
-		}
-		return @ids;
-	};
+	my $enqueue_wave = wave_producer($node, $topic, nkeys => $nkeys,
+		slowest => \$slowest, brokers => 'paused', label => 'restart: ');
 
 	kafka_cluster($kafka, 'pause', $_) for 1 .. 3;
 
@@ -226,13 +202,7 @@ sub check_window
 	my @relays = @{ relay_pids($node) };
 	is(scalar(@relays), 3, 'crash: three relays run');
 	kill 'STOP', @relays;
-	my @batch = split /\n/, $node->safe_psql('postgres', qq{
-		BEGIN;
-		SELECT obx.enqueue('$topic', 'ord_1', '{"n": 1}');
-		SELECT obx.enqueue('$topic', 'ord_2', '{"n": 1}');
-		SELECT obx.enqueue('$topic', 'ord_3', '{"n": 1}');
-		COMMIT;});
-	is(scalar(@batch), 3, 'crash: three events committed in one transaction');
+	my @batch = one_batch($node, $topic, 'crash: ');
 	my $victim = $batch[0];
 
 	my ($relay_pid, $bg) = relay_waits_on_record($node, $kafka, $topic, \@batch,

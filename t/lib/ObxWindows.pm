@@ -12,8 +12,8 @@ use Test::More;
 use Time::HiRes qw(time);
 use ObxTest;
 
-our @EXPORT = qw(late_committer run_producers relay_waits_on_record crash_relay_at_record
-  resent_batch);
+our @EXPORT = qw(late_committer run_producers wave_producer one_batch relay_waits_on_record
+  crash_relay_at_record resent_batch);
 
 # late_committer($node, $topic): a session that enqueues one event (key
 # "late") and leaves its transaction open, so that the event takes its seq
@@ -86,6 +86,64 @@ ROLLBACK;
 			'producers_rollback.sql@1' => $rollback_script,
 		});
 	return;
+}
+
+# wave_producer($node, $topic, %o): the application of the restart
+# windows (t/012, t/060).  Returns a sub ($wave, $ntx) that commits $ntx
+# transactions of $o{per_tx} (default 10) events each, on keys ord_0 ..
+# ord_<$o{nkeys} - 1> spread so that every transaction touches several
+# keys and every key gets events from several transactions, each under a
+# 5 s statement and lock timeout; checks that each committed and returned
+# its ids, and returns the ids.  ${ $o{slowest} } keeps the longest a
+# transaction took, in seconds.  The checks are named "$o{label}wave W tx
+# T committed with the brokers $o{brokers}".
+sub wave_producer
+{
+	my ($node, $topic, %o) = @_;
+	my $per_tx = $o{per_tx} // 10;
+	my $label = $o{label} // '';
+	my $n = 0;
+	return sub {
+		my ($wave, $ntx) = @_;
+		my @ids;
+		for my $tx (1 .. $ntx)
+		{
+			my $sql = "SET statement_timeout = '5s';\nSET lock_timeout = '5s';\nBEGIN;\n";
+			for (1 .. $per_tx)
+			{
+				$n++;
+				my $key = 'ord_' . ($n % $o{nkeys});
+				$sql .= "SELECT obx.enqueue('$topic', '$key', '{\"wave\": $wave, \"n\": $n}');\n";
+			}
+			$sql .= "COMMIT;\n";
+			my $t = time();
+			my ($ret, $out, $err) = $node->psql('postgres', $sql, on_error_stop => 1);
+			my $took = time() - $t;
+			${ $o{slowest} } = $took if $took > ${ $o{slowest} };
+			my @got = grep { length } split /\n/, $out;
+			is($ret, 0, "${label}wave $wave tx $tx committed with the brokers $o{brokers}")
+			  or diag($err);
+			is(scalar(@got), $per_tx, "${label}wave $wave tx $tx returned $per_tx ids");
+			push @ids, @got;
+		}
+		return @ids;
+	};
+}
+
+# one_batch($node, $topic, $label): three events on keys ord_1, ord_2 and
+# ord_3, committed in one transaction, so that one claim takes them as one
+# batch; returns their ids, the victim of the crash window first.
+sub one_batch
+{
+	my ($node, $topic, $label) = @_;
+	my @batch = split /\n/, $node->safe_psql('postgres', qq{
+		BEGIN;
+		SELECT obx.enqueue('$topic', 'ord_1', '{"n": 1}');
+		SELECT obx.enqueue('$topic', 'ord_2', '{"n": 1}');
+		SELECT obx.enqueue('$topic', 'ord_3', '{"n": 1}');
+		COMMIT;});
+	is(scalar(@batch), 3, "${label}three events committed in one transaction");
+	return @batch;
 }
 
 # relay_waits_on_record($node, $broker, $topic, \@batch, $release, $label):
