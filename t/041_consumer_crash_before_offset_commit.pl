@@ -78,12 +78,7 @@ is("$t0->{processed} $t0->{duplicates}", '16 0',
 my $gate = $node->background_psql('postgres', on_error_stop => 0);
 $gate->query_safe('SELECT pg_advisory_lock(4141)');
 my ($inflight) = @{ enqueue_events('inflight', 1, gate => 'hold') };
-ok($node->poll_query_until('postgres', q{
-	SELECT count(*) = 1 FROM pg_stat_activity
-	 WHERE backend_type = 'obx consumer' AND wait_event_type = 'Lock' AND wait_event = 'advisory'}),
-	'the consumer is inside the handler of the in-flight event');
-my $old_pid = q1(q{SELECT pid FROM pg_stat_activity
-	WHERE backend_type = 'obx consumer' AND wait_event = 'advisory'});
+my $old_pid = handler_held($node, 'the consumer is inside the handler of the in-flight event');
 is(q1("SELECT count(*) FROM shop.effects WHERE event_id = '$inflight'"), '0',
 	'the in-flight event has no effect yet');
 # The relay has recorded it as published, so it does not send it again

@@ -115,12 +115,7 @@ my $gate = $node->background_psql('postgres', on_error_stop => 0);
 $gate->query_safe('SELECT pg_advisory_lock(6565)');
 my $gated = q1(qq{SELECT obx.enqueue('$topic', 'sku-gate',
 	'{"eventType": "StockMoved", "gate": "hold"}', event_type => 'StockMoved')});
-ok($node->poll_query_until('postgres', q{
-	SELECT count(*) = 1 FROM pg_stat_activity
-	 WHERE backend_type = 'obx consumer' AND wait_event_type = 'Lock' AND wait_event = 'advisory'}),
-	'a consumer worker is inside the handler of the held event');
-my $held_pid = q1(q{SELECT pid FROM pg_stat_activity
-	WHERE backend_type = 'obx consumer' AND wait_event = 'advisory'});
+my $held_pid = handler_held($node, 'a consumer worker is inside the handler of the held event');
 $node->poll_query_until('postgres',
 	"SELECT kafka_offset IS NOT NULL FROM obx.outbox_events WHERE id = '$gated'")
   or die 'the relay did not record where the held event landed';

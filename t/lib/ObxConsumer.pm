@@ -1,11 +1,14 @@
-# ObxConsumer.pm: shared pieces of the consumer (inbox) tests, t/04*.pl.
+# ObxConsumer.pm: shared pieces of the consumer (inbox) tests: t/04*,
+# t/065, and the security tests of handlers and subscriptions (t/07*,
+# t/08*).
 #
-# Produces crafted messages to the Kafka stand-in with kcat (headers, keys,
-# explicit partitions, payloads that are not JSON, tombstones), creates the
-# tables a test handler records its effects in, and reads the consumer's
-# progress back from obx.consumer_status.  Every wait is on a condition,
-# with the harness timeout as the limit (ObxTest::wait_until,
-# poll_query_until).
+# Starts a consumer test's node (consumer_node), creates its handler and
+# subscription (handler, subscribe), produces crafted messages to the
+# Kafka stand-in with kcat (headers, keys, explicit partitions, payloads
+# that are not JSON, tombstones), creates the tables a test handler
+# records its effects in, and reads the consumer's progress back from
+# obx.consumer_status.  Every wait is on a condition, with the harness
+# timeout as the limit (ObxTest::wait_until, poll_query_until).
 package ObxConsumer;
 
 use strict;
@@ -20,7 +23,7 @@ use ObxTest;
 
 our @EXPORT = qw(consumer_node handler subscribe produce partition_ends wait_caught_up consumer_totals
   partition_status create_effects effects_per_event handler_calls
-  consumer_pids wait_consumer_pids find_message group_offsets);
+  consumer_pids wait_consumer_pids handler_held find_message group_offsets);
 
 # consumer_node($name, $broker, %opt): the node of a consumer test, at a
 # stand-in or a real Kafka cluster; returns it once its consumer workers
@@ -285,12 +288,20 @@ sub handler_calls
 }
 
 # consumer_pids($node): pids of the running consumer workers.
-sub consumer_pids
+sub consumer_pids { return worker_pids($_[0], 'obx consumer') }
+
+# handler_held($node, $what): wait until a consumer worker is inside a
+# handler that waits at the test's gate (an advisory lock the test holds),
+# checked as $what; returns that worker's pid.
+sub handler_held
 {
-	my ($node) = @_;
-	my $out = $node->safe_psql('postgres',
-		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'obx consumer' ORDER BY pid");
-	return [ grep { length } split /\n/, $out ];
+	my ($node, $what) = @_;
+	ok($node->poll_query_until('postgres', q{
+		SELECT count(*) = 1 FROM pg_stat_activity
+		 WHERE backend_type = 'obx consumer' AND wait_event_type = 'Lock' AND wait_event = 'advisory'}),
+		$what);
+	return $node->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity
+		WHERE backend_type = 'obx consumer' AND wait_event = 'advisory'});
 }
 
 # wait_consumer_pids($node, $n): wait until exactly $n consumer workers run;

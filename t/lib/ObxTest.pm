@@ -21,7 +21,7 @@ use Time::HiRes qw(usleep time);
 our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster create_topic obx_node obx_primary relay_ready read_topic wait_for_broker
   wait_until all_published event_ids_at_broker first_occurrences
   enqueue_with_rollbacks
-  committed_ids relay_pids broker_holds_exactly);
+  committed_ids worker_pids relay_pids broker_holds_exactly);
 
 my @mocks;
 my @clusters;    # real Kafka clusters made by start_kafka
@@ -345,14 +345,18 @@ sub committed_ids
 	return \%order;
 }
 
-# relay_pids($node): pids of the running relay workers.
-sub relay_pids
+# worker_pids($node, 'obx relay'): pids of the running workers of that
+# backend type ('obx relay', 'obx consumer'), in order.
+sub worker_pids
 {
-	my ($node) = @_;
+	my ($node, $type) = @_;
 	my $out = $node->safe_psql('postgres',
-		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'obx relay' ORDER BY pid");
+		"SELECT pid FROM pg_stat_activity WHERE backend_type = '$type' ORDER BY pid");
 	return [ grep { length } split /\n/, $out ];
 }
+
+# relay_pids($node): pids of the running relay workers.
+sub relay_pids { return worker_pids($_[0], 'obx relay') }
 
 # Nodes first (immediate stop, as PostgreSQL::Test::Cluster's own END
 # block would), then the stand-ins and the Kafka clusters: a relay that outlives its brokers
