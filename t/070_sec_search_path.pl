@@ -32,13 +32,10 @@ my $in_topic = 'sec.sp.in.v1';
 my $out_topic = 'sec.sp.out.v1';
 my $consumer = 'mallory-sp';
 
-my $node = consumer_node('sec_search_path', $mock, topics => { $in_topic => 1 },
-	relays => 1, effects => 0);
+my $node = mallory_node('sec_search_path', $mock, topics => { $in_topic => 1 }, relays => 1);
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-sec_setup($node);
-subscriber_role($node, 'mallory');
 q1(q{
 	CREATE ROLE dbo LOGIN;
 	ALTER DATABASE postgres OWNER TO dbo;

@@ -21,12 +21,10 @@ my $mock = start_mock();
 my $topic = 'sec.restricted.v1';
 my $consumer = 'mallory-restricted';
 
-my $node = consumer_node('sec_restricted', $mock, topics => { $topic => 1 }, effects => 0);
+my $node = mallory_node('sec_restricted', $mock, topics => { $topic => 1 });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-sec_setup($node);
-subscriber_role($node, 'mallory');
 $node->safe_psql('postgres', q{
 	SET ROLE mallory;
 	CREATE TABLE mallory.calls (

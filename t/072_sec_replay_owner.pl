@@ -19,12 +19,10 @@ my $mock = start_mock();
 my $topic = 'sec.replay.v1';
 my $consumer = 'mallory-replay';
 
-my $node = consumer_node('sec_replay', $mock, topics => { $topic => 1 }, effects => 0);
+my $node = mallory_node('sec_replay', $mock, topics => { $topic => 1 });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-sec_setup($node);
-subscriber_role($node, 'mallory');
 $node->safe_psql('postgres', q{
 	SET ROLE mallory;
 	CREATE TABLE mallory.applied (event_id text, who name, super boolean);
