@@ -16,6 +16,7 @@ use warnings;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use ObxTest;
+use ObxWindows;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
@@ -46,13 +47,7 @@ mock_cmd($mock, 'down all');
 # claims them as one batch; then, in transactions of their own, a later
 # event on the victim's key and one on a fourth key, which the single
 # worker can only claim after the crash.
-my @batch = split /\n/, $node->safe_psql('postgres', qq{
-	BEGIN;
-	SELECT obx.enqueue('$topic', 'ord_1', '{"n": 1}');
-	SELECT obx.enqueue('$topic', 'ord_2', '{"n": 1}');
-	SELECT obx.enqueue('$topic', 'ord_3', '{"n": 1}');
-	COMMIT;});
-is(scalar(@batch), 3, 'three events committed in one transaction');
+my @batch = one_batch($node, $topic, '');
 my $victim = $batch[0];
 my @later;
 push @later, $node->safe_psql('postgres',
@@ -78,74 +73,23 @@ $node->poll_query_until('postgres',
 	"SELECT lease_until > '$lease0' FROM obx.leased_events WHERE id = '$victim'")
   or die 'the lease was never renewed';
 
-my $bg = $node->background_psql('postgres', on_error_stop => 0);
-my $bg_pid = $bg->query_safe('SELECT pg_backend_pid()');
-my $t_lock = time();
-# lock_timeout: a relay holding a row lock across the network fails the
-# test here instead of hanging it.
-$bg->query_safe(
-	"SET lock_timeout = '10s'; BEGIN; SELECT 1 FROM obx.outbox_events WHERE id = '$victim' FOR UPDATE;");
-my $t_locked = time() - $t_lock;
-note(sprintf('row lock granted in %.3f s (the relay holds no lock while it waits on Kafka)',
-	$t_locked));
-is($node->safe_psql('postgres',
-	"SELECT count(*) FROM obx.outbox_events WHERE published_at IS NOT NULL"),
-	'0', 'nothing is published while the brokers are down');
-
-mock_cmd($mock, 'up all');
-
-# The acknowledged batch is at the broker ...
-wait_for_broker($mock, $topic, sub {
-	my $seen = event_ids_at_broker(shift);
-	!grep { !$seen->{$_} } @batch }, 'the claimed batch at the broker');
-
-# ... and the relay waits on our lock: published_at is not set yet.
-my ($relay_pid, $relay_query);
-$node->poll_query_until('postgres', qq{
-	SELECT count(*) = 1 FROM pg_stat_activity
-	 WHERE backend_type = 'obx relay' AND wait_event_type = 'Lock'
-	   AND $bg_pid = ANY (pg_blocking_pids(pid))})
-  or die 'the relay never waited on the row lock';
-($relay_pid, $relay_query) = split /\|/, $node->safe_psql('postgres', q{
-	SELECT pid, query FROM pg_stat_activity
-	 WHERE backend_type = 'obx relay' AND wait_event_type = 'Lock'});
-note("relay $relay_pid blocked in: $relay_query");
-is($node->safe_psql('postgres',
-	"SELECT published_at IS NULL FROM obx.outbox_events WHERE id = '$victim'"),
-	't', 'acknowledged by Kafka, not yet recorded as published');
+# Take the row lock, with the brokers down: nothing is published yet.
+# Then up: the batch is acknowledged and the relay waits to record it.
+my ($relay_pid, $bg) = relay_waits_on_record($node, $mock, $topic, \@batch, sub {
+	is($node->safe_psql('postgres',
+		"SELECT count(*) FROM obx.outbox_events WHERE published_at IS NOT NULL"),
+		'0', 'nothing is published while the brokers are down');
+	mock_cmd($mock, 'up all');
+}, '');
 
 # A real SIGKILL: the postmaster treats it as a crash and restarts everything.
-my $log_offset = -s $node->logfile;
-ok(kill('KILL', $relay_pid), "SIGKILL sent to relay $relay_pid");
-
-# Our session died with the crash (the postmaster ends every backend), and
-# its lock with it; psql itself only notices at its next command.
-eval { $bg->quit; };
-
-ok($node->poll_query_until('postgres',
-	"SELECT published_at IS NOT NULL FROM obx.outbox_events WHERE id = '$victim'"),
-	'the victim is published after crash recovery');
-ok(all_published($node), 'the outbox has nothing left to publish');
-
-my $log = slurp_file($node->logfile, $log_offset);
-like($log, qr/\(PID $relay_pid\) was terminated by signal 9/,
-	'the postmaster saw the relay die of SIGKILL');
-like($log, qr/all server processes terminated; reinitializing/,
-	'the instance went through crash recovery');
+crash_relay_at_record($node, $relay_pid, $bg, $victim, '');
 my $new_pids = relay_pids($node);
 ok(@$new_pids == 1 && $new_pids->[0] != $relay_pid, 'a new relay took over');
 
 # At least twice at the broker, with the same event_id header both times.
-my $msgs = wait_for_broker($mock, $topic, sub {
-	my $seen = event_ids_at_broker(shift);
-	!grep { ($seen->{$_} // 0) < 2 } @batch and !grep { !$seen->{$_} } keys %committed },
-	'the re-sent batch and every committed event at the broker');
+my $msgs = resent_batch($mock, $topic, \@batch, [ keys %committed ], '');
 my $seen = event_ids_at_broker($msgs);
-for my $id (@batch)
-{
-	cmp_ok($seen->{$id}, '>=', 2,
-		"event $id of the unrecorded batch reached the broker $seen->{$id} times, with its event_id header each time");
-}
 my %key_of = map { $_->{event_id} => $_->{key} } @$msgs;
 is(scalar(grep { !defined $_->{event_id} || $_->{key} ne $key_of{ $_->{event_id} } } @$msgs),
 	0, 'every message carries an event_id header, and every copy of an event the same key');

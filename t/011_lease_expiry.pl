@@ -83,19 +83,15 @@ note("worker $owner (pid $pid) holds lease $old_lease on all $n1 events");
 # Freeze it between transactions: a worker frozen inside one would hold row
 # locks, which is another test (no lease can help then).  Outside a
 # transaction a backend holds no heavyweight lock at all.
-my $frozen = 0;
-for my $try (1 .. 100)
-{
+my $frozen = wait_until(sub {
 	kill('STOP', $pid) or die "cannot stop $pid: $!";
 	$stopped_pid = $pid;
 	wait_until(sub { proc_state($pid) eq 'T' }, "worker $pid to stop");
-	if ($node->safe_psql('postgres', "SELECT count(*) FROM pg_locks WHERE pid = $pid") eq '0')
-	{
-		$frozen = 1;
-		last;
-	}
+	return 1
+	  if $node->safe_psql('postgres', "SELECT count(*) FROM pg_locks WHERE pid = $pid") eq '0';
 	resume();
-}
+	return 0;
+}, "worker $pid to be stopped outside any transaction", quiet => 1);
 ok($frozen, "worker $owner (pid $pid) frozen by SIGSTOP outside any transaction");
 my $t_stop = time();
 

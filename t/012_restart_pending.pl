@@ -15,6 +15,7 @@ use warnings;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use ObxTest;
+use ObxWindows;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
@@ -38,41 +39,13 @@ relay_ready($node, 2);
 
 mock_cmd($mock, 'down all');
 
-# enqueue_wave($wave, $ntx): $ntx transactions of $per_tx events each, keys
-# spread so that every transaction touches several keys and every key gets
-# events from several transactions.  Returns the committed ids.
 my $slowest = 0;
-my $n = 0;
-sub enqueue_wave
-{
-	my ($wave, $ntx) = @_;
-	my @ids;
-	for my $tx (1 .. $ntx)
-	{
-		my $sql = "SET statement_timeout = '5s';\nSET lock_timeout = '5s';\nBEGIN;\n";
-		for my $j (1 .. $per_tx)
-		{
-			$n++;
-			my $key = 'ord_' . ($n % $nkeys);
-			$sql .= "SELECT obx.enqueue('$topic', '$key', '{\"wave\": $wave, \"n\": $n}');\n";
-		}
-		$sql .= "COMMIT;\n";
-		my $t = time();
-		my ($ret, $out, $err) = $node->psql('postgres', $sql, on_error_stop => 1);
-		my $took = time() - $t;
-		$slowest = $took if $took > $slowest;
-		my @got = grep { length } split /\n/, $out;
-		is($ret, 0, "wave $wave tx $tx committed with the brokers down")
-		  or diag($err);
-		is(scalar(@got), $per_tx, "wave $wave tx $tx returned $per_tx ids");
-		push @ids, @got;
-	}
-	return @ids;
-}
+my $enqueue_wave = wave_producer($node, $topic, nkeys => $nkeys, per_tx => $per_tx,
+	slowest => \$slowest, brokers => 'down');
 
 # Wave 1 (100 events), then wait until the workers have claimed: the
 # immediate stop must catch them mid-batch.
-my @committed = enqueue_wave(1, 10);
+my @committed = $enqueue_wave->(1, 10);
 $node->poll_query_until('postgres',
 	"SELECT count(*) > 0 FROM obx.leased_events")
   or die 'no event was ever claimed';
@@ -98,7 +71,7 @@ is($node->safe_psql('postgres',
 
 # Wave 2 (50 events) after the crash-like restart, brokers still down.
 my $started_at = $node->safe_psql('postgres', 'SELECT now()');
-push @committed, enqueue_wave(2, 5);
+push @committed, $enqueue_wave->(2, 5);
 
 # Wait for a claim made since the start (a lease taken before the crash
 # ends at most obx.lease_timeout after it), so that the clean restart
@@ -121,7 +94,7 @@ like($log, qr/obx relay 0 stopped.*obx relay 1 stopped|obx relay 1 stopped.*obx 
 	'both workers stopped cleanly');
 
 # Wave 3 (50 events) after the clean restart, brokers still down.
-push @committed, enqueue_wave(3, 5);
+push @committed, $enqueue_wave->(3, 5);
 is(scalar(@committed), 200, '200 events committed in 20 transactions');
 is($node->safe_psql('postgres', q{
 	SELECT count(*) FROM obx.outbox_events

@@ -26,6 +26,7 @@ use warnings;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use ObxTest;
+use ObxWindows;
 use JSON::PP;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -43,61 +44,19 @@ my $node = obx_node('concurrent', $mock,
 	'obx.poll_interval' => "'1h'",
 	'max_connections' => 40);
 
-$node->safe_psql('postgres', qq{
-	CREATE TABLE orders (
-		id		int PRIMARY KEY,
-		version	int NOT NULL DEFAULT 0,
-		events	int NOT NULL DEFAULT 0);
-	INSERT INTO orders (id) SELECT g FROM generate_series(1, $norders) g;});
-
-# Committing transaction: lock the order, bump its version, enqueue 1-3
-# events (the second one on another topic), each carrying the version.
-my $commit_script = q{
-\set id random(1, } . $norders . q{)
-\set n random(1, 3)
-BEGIN;
-SELECT version FROM orders WHERE id = :id FOR UPDATE;
-UPDATE orders SET version = version + 1, events = events + :n WHERE id = :id RETURNING version \gset
-SELECT obx.enqueue('orders.v1', 'ord_' || :id, jsonb_build_object('order', :id, 'version', :version, 'i', 1, 'rb', false));
-\if :n >= 2
-SELECT obx.enqueue('orders.audit.v1', 'ord_' || :id, jsonb_build_object('order', :id, 'version', :version, 'i', 2, 'rb', false));
-\endif
-\if :n >= 3
-SELECT obx.enqueue('orders.v1', 'ord_' || :id, jsonb_build_object('order', :id, 'version', :version, 'i', 3, 'rb', false));
-\endif
-COMMIT;
-};
-
-# The same work, rolled back: none of it may ever be seen.
-my $rollback_script = q{
-\set id random(1, } . $norders . q{)
-BEGIN;
-SELECT version FROM orders WHERE id = :id FOR UPDATE;
-UPDATE orders SET version = version + 1, events = events + 2 WHERE id = :id;
-SELECT obx.enqueue('orders.v1', 'ord_' || :id, jsonb_build_object('order', :id, 'version', -1, 'rb', true));
-SELECT obx.enqueue('orders.audit.v1', 'ord_' || :id, jsonb_build_object('order', :id, 'version', -1, 'rb', true));
-ROLLBACK;
-};
-
-# The late committer: takes its seq first, commits last.
-my $late = $node->background_psql('postgres');
-$late->set_query_timer_restart;		# it stays open for the whole run
-my $late_id = $late->query_safe(
-	q{BEGIN; SELECT obx.enqueue('orders.v1', 'late', '{"order": "late", "version": 1, "i": 1}');});
+# The application: pgbench clients lock an order, bump its version and
+# enqueue 1-3 events (the second one on the audit topic), each carrying
+# the version; a fifth of them do the same and roll back: none of that may
+# ever be seen.  Before it starts, the late committer takes its seq first
+# and commits last.
+my ($late, $late_id) = late_committer($node, 'orders.v1');
 like($late_id, qr/^[0-9a-f-]{36}$/, 'the late transaction enqueued its event');
 
 my $total = $clients * $per_client;
 my $start = time();
-$node->pgbench(
-	"--no-vacuum --client=$clients --jobs=2 --transactions=$per_client",
-	0,
-	[qr{processed: $total/$total}],
-	[qr{^$}],
-	'pgbench: concurrent committing and rolling-back producers',
-	{
-		'021_commit.sql@4' => $commit_script,
-		'021_rollback.sql@1' => $rollback_script,
-	});
+run_producers($node, norders => $norders, clients => $clients, per_client => $per_client,
+	topic => 'orders.v1', second_topic => 'orders.audit.v1',
+	what => 'pgbench: concurrent committing and rolling-back producers');
 note sprintf('pgbench ran %d transactions in %.1f s', $total, time() - $start);
 
 ok(all_published($node), 'every event committed by pgbench is published');

@@ -26,35 +26,22 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'stock.dup.v1';
 my $consumer = 'stock-dup';
-mock_cmd($mock, "topic-create $topic 4");
 
 # Two consumer workers: one consumer group of two members, which split the
 # topic's partitions.  One relay worker, for an event sent through the outbox.
-my $node = obx_node('consumer_dup', $mock,
-	'obx.workers' => 1,
-	'obx.consumer_workers' => 2);
-wait_consumer_pids($node, 2);
+my $node = consumer_node('consumer_dup', $mock, topics => { $topic => 4 },
+	relays => 1, consumers => 2);
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
-q1(q{
-	CREATE FUNCTION shop.reserve(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS $$
-	BEGIN
+# subscribe's short session timeout lets a rebalance (the second worker
+# joining the group) complete in seconds on the stand-in.
+subscribe($node, $consumer, [$topic], handler($node, 'shop.reserve', q{
 		PERFORM nextval('shop.handler_calls');
 		IF e.payload->>'gate' = 'hold' THEN
 			PERFORM pg_advisory_xact_lock_shared(4040);
 		END IF;
-		PERFORM shop.record(e);
-	END
-	$$;
-});
-# A short session timeout, so that a rebalance (the second worker joining
-# the group) completes in seconds on the stand-in.
-q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'],
-	'shop.reserve(obx.inbound_event)',
-	'{"kafka": {"session.timeout.ms": "6000"}}')});
+		PERFORM shop.record(e);}));
 
 my %distinct;    # every event id the test sends, once
 my $copies = 0;  # how many extra copies of them it sends

@@ -26,35 +26,22 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'stock.crash.v1';
 my $consumer = 'stock-crash';
-mock_cmd($mock, "topic-create $topic 4");
 
 # The test harness turns restart_after_crash off; a crash here must be
 # recovered from.  Events come through the outbox (one relay worker).
-my $node = obx_node('consumer_crash', $mock,
-	'restart_after_crash' => 'on',
-	'obx.workers' => 1,
-	'obx.consumer_workers' => 1);
-wait_consumer_pids($node, 1);
+my $node = consumer_node('consumer_crash', $mock, topics => { $topic => 4 },
+	relays => 1, conf => { 'restart_after_crash' => 'on' });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
-q1(q{
-	CREATE FUNCTION shop.reserve(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS $$
-	BEGIN
+# A short session timeout: after the crash the dead member must leave the
+# group (it never sends a LeaveGroup) before its partitions are reassigned.
+subscribe($node, $consumer, [$topic], handler($node, 'shop.reserve', q{
 		IF e.payload->>'gate' = 'hold' THEN
 			PERFORM pg_advisory_xact_lock_shared(4141);
 		END IF;
-		PERFORM shop.record(e);
-	END
-	$$;
-});
-# A short session timeout: after the crash the dead member must leave the
-# group (it never sends a LeaveGroup) before its partitions are reassigned.
-q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'],
-	'shop.reserve(obx.inbound_event)',
-	'{"kafka": {"auto.commit.interval.ms": "3600000", "session.timeout.ms": "6000"}}')});
+		PERFORM shop.record(e);}),
+	kafka => { 'auto.commit.interval.ms' => 3600000, 'session.timeout.ms' => 6000 });
 
 # enqueue_events($prefix, $n, %extra): $n events on keys sku-1..sku-8 (so
 # on several partitions), each in its own transaction; returns their ids.
@@ -91,12 +78,7 @@ is("$t0->{processed} $t0->{duplicates}", '16 0',
 my $gate = $node->background_psql('postgres', on_error_stop => 0);
 $gate->query_safe('SELECT pg_advisory_lock(4141)');
 my ($inflight) = @{ enqueue_events('inflight', 1, gate => 'hold') };
-ok($node->poll_query_until('postgres', q{
-	SELECT count(*) = 1 FROM pg_stat_activity
-	 WHERE backend_type = 'obx consumer' AND wait_event_type = 'Lock' AND wait_event = 'advisory'}),
-	'the consumer is inside the handler of the in-flight event');
-my $old_pid = q1(q{SELECT pid FROM pg_stat_activity
-	WHERE backend_type = 'obx consumer' AND wait_event = 'advisory'});
+my $old_pid = handler_held($node, 'the consumer is inside the handler of the in-flight event');
 is(q1("SELECT count(*) FROM shop.effects WHERE event_id = '$inflight'"), '0',
 	'the in-flight event has no effect yet');
 # The relay has recorded it as published, so it does not send it again

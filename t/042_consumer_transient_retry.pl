@@ -27,26 +27,20 @@ use Time::HiRes qw(time);
 my $mock = start_mock();
 my $topic = 'stock.retry.v1';
 my $consumer = 'stock-retry';
-mock_cmd($mock, "topic-create $topic 4");
 
 # One consumer worker: it must keep the other partitions going itself
 # while one partition waits.  obx_node sets obx.backoff_min = 50ms,
 # obx.backoff_max = 1s.  No relay: kcat chooses the partitions.
-my $node = obx_node('consumer_retry', $mock,
-	'obx.workers' => 0,
-	'obx.consumer_workers' => 1);
-wait_consumer_pids($node, 1);
+my $node = consumer_node('consumer_retry', $mock, topics => { $topic => 4 });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
 q1(q{
 	CREATE TABLE shop.knobs (fail_through bigint NOT NULL);
 	INSERT INTO shop.knobs VALUES (1000000000);
 	CREATE SEQUENCE shop.flaky_attempts;
-	CREATE FUNCTION shop.reserve(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS $$
-	BEGIN
+});
+subscribe($node, $consumer, [$topic], handler($node, 'shop.reserve', q{
 		PERFORM nextval('shop.handler_calls');
 		IF e.payload->>'flaky' = 'yes' THEN
 			IF nextval('shop.flaky_attempts') <= (SELECT fail_through FROM shop.knobs) THEN
@@ -54,12 +48,7 @@ q1(q{
 					USING ERRCODE = 'serialization_failure';
 			END IF;
 		END IF;
-		PERFORM shop.record(e);
-	END
-	$$;
-});
-q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'],
-	'shop.reserve(obx.inbound_event)', '{"kafka": {"session.timeout.ms": "6000"}}')});
+		PERFORM shop.record(e);}));
 
 sub msg
 {

@@ -26,33 +26,20 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'stock.dl.v1';
 my $consumer = 'stock-dl';
-mock_cmd($mock, "topic-create $topic 2");
 
-my $node = obx_node('consumer_dead_letter', $mock,
-	'obx.workers' => 0,
-	'obx.consumer_workers' => 1);
-wait_consumer_pids($node, 1);
+my $node = consumer_node('consumer_dead_letter', $mock, topics => { $topic => 2 });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
 # The handler as first deployed: a reservation needs a sku.
-q1(q{
-	CREATE FUNCTION shop.reserve(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS $$
-	BEGIN
+subscribe($node, $consumer, [$topic], handler($node, 'shop.reserve', q{
 		IF e.payload IS NULL THEN
 			RAISE EXCEPTION 'reservation event has no payload';
 		END IF;
 		IF e.payload->>'sku' IS NULL THEN
 			RAISE EXCEPTION 'missing required field sku';
 		END IF;
-		PERFORM shop.record(e);
-	END
-	$$;
-});
-q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'],
-	'shop.reserve(obx.inbound_event)', '{"kafka": {"session.timeout.ms": "6000"}}')});
+		PERFORM shop.record(e);}));
 
 ############################################################################
 # 1. Dead letters, and the partition moves on.

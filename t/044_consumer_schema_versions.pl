@@ -23,16 +23,12 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'stock.sv.v1';
 my $consumer = 'stock-sv';
-mock_cmd($mock, "topic-create $topic 4");
 
-my $node = obx_node('consumer_schema_versions', $mock,
-	'obx.workers' => 1,
-	'obx.consumer_workers' => 1);
-wait_consumer_pids($node, 1);
+my $node = consumer_node('consumer_schema_versions', $mock, topics => { $topic => 4 },
+	relays => 1);
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
 q1(q{
 	CREATE TABLE shop.reservations (
 		n bigserial PRIMARY KEY,
@@ -42,15 +38,11 @@ q1(q{
 		qty integer NOT NULL,
 		warehouse text NOT NULL,
 		schema_version integer NOT NULL);
-
-	-- StockReserved, version 1: orderId, sku, qty.  Version 2 adds the
-	-- optional "warehouse" (absent: the main warehouse).  Unknown fields
-	-- are ignored; an unknown version is refused.
-	CREATE FUNCTION shop.reserve(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS $$
-	DECLARE
-		v integer := (e.payload->>'schemaVersion')::integer;
-	BEGIN
+});
+# StockReserved, version 1: orderId, sku, qty.  Version 2 adds the
+# optional "warehouse" (absent: the main warehouse).  Unknown fields are
+# ignored; an unknown version is refused.
+my $reserve = handler($node, 'shop.reserve', q{
 		PERFORM nextval('shop.handler_calls');
 		IF e.event_type IS DISTINCT FROM 'StockReserved' THEN
 			RAISE EXCEPTION 'unexpected event type %', e.event_type;
@@ -61,25 +53,20 @@ q1(q{
 		INSERT INTO shop.reservations (event_id, order_id, sku, qty, warehouse, schema_version)
 		VALUES (e.event_id, e.payload->>'orderId', e.payload->>'sku',
 				(e.payload->>'qty')::integer, coalesce(e.payload->>'warehouse', 'main'), v);
-		PERFORM shop.record(e);
-	END
-	$$;
-});
+		PERFORM shop.record(e);},
+	declare => q{		v integer := (e.payload->>'schemaVersion')::integer;});
 # The handler runs as the subscription's owner: an application role with
 # rights on its own tables only, not the superuser the workers connect as.
 # That role subscribes (the owner is whoever writes the subscription).
-q1(qq{
+q1(q{
 	CREATE ROLE shop_app;
 	GRANT USAGE ON SCHEMA shop TO shop_app;
 	GRANT INSERT ON shop.effects, shop.reservations TO shop_app;
 	GRANT USAGE ON ALL SEQUENCES IN SCHEMA shop TO shop_app;
 	GRANT USAGE ON SCHEMA obx TO shop_app;
 	GRANT EXECUTE ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb) TO shop_app;
-	SET ROLE shop_app;
-	SELECT obx.subscribe('$consumer', ARRAY['$topic'],
-		'shop.reserve(obx.inbound_event)', '{"kafka": {"session.timeout.ms": "6000"}}');
-	RESET ROLE;
 });
+subscribe($node, $consumer, [$topic], $reserve, as => 'shop_app');
 is(q1("SELECT owner::text FROM obx.subscriptions WHERE consumer_name = '$consumer'"),
 	'shop_app', 'the subscription is owned by the role that made it');
 

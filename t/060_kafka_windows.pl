@@ -28,6 +28,8 @@ use FindBin;
 use lib "$FindBin::RealBin/lib";
 use ObxTest;
 use ObxKafkaChecks;
+use ObxWindows;
+use JSON::PP;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
@@ -87,55 +89,10 @@ sub check_window
 	my $per_client = 150;
 	my $topic = 'orders.concurrent.v1';
 
-	$node->safe_psql('postgres', qq{
-		CREATE TABLE orders (
-			id		int PRIMARY KEY,
-			version	int NOT NULL DEFAULT 0,
-			events	int NOT NULL DEFAULT 0);
-		INSERT INTO orders (id) SELECT g FROM generate_series(1, $norders) g;});
-
-	my $commit_script = qq{
-\\set id random(1, $norders)
-\\set n random(1, 3)
-BEGIN;
-SELECT version FROM orders WHERE id = :id FOR UPDATE;
-UPDATE orders SET version = version + 1, events = events + :n WHERE id = :id RETURNING version \\gset
-SELECT obx.enqueue('$topic', 'ord_' || :id, jsonb_build_object('order', :id, 'version', :version, 'i', 1));
-\\if :n >= 2
-SELECT obx.enqueue('$topic', 'ord_' || :id, jsonb_build_object('order', :id, 'version', :version, 'i', 2));
-\\endif
-\\if :n >= 3
-SELECT obx.enqueue('$topic', 'ord_' || :id, jsonb_build_object('order', :id, 'version', :version, 'i', 3));
-\\endif
-COMMIT;
-};
-	my $rollback_script = qq{
-\\set id random(1, $norders)
-BEGIN;
-SELECT version FROM orders WHERE id = :id FOR UPDATE;
-UPDATE orders SET version = version + 1, events = events + 2 WHERE id = :id;
-SELECT obx.enqueue('$topic', 'ord_' || :id, jsonb_build_object('order', :id, 'version', -1, 'rb', true));
-SELECT obx.enqueue('$topic', 'ord_' || :id, jsonb_build_object('order', :id, 'version', -1, 'rb', true));
-ROLLBACK;
-};
-
 	# The late committer: takes its seq first, commits last.
-	my $late = $node->background_psql('postgres');
-	$late->set_query_timer_restart;
-	my $late_id = $late->query_safe(
-		qq{BEGIN; SELECT obx.enqueue('$topic', 'late', '{"order": "late"}');});
-
-	my $total = $clients * $per_client;
-	$node->pgbench(
-		"--no-vacuum --client=$clients --jobs=2 --transactions=$per_client",
-		0,
-		[qr{processed: $total/$total}],
-		[qr{^$}],
-		'concurrent: pgbench committing and rolling-back producers',
-		{
-			'060_commit.sql@4' => $commit_script,
-			'060_rollback.sql@1' => $rollback_script,
-		});
+	my ($late) = late_committer($node, $topic);
+	run_producers($node, norders => $norders, clients => $clients, per_client => $per_client,
+		topic => $topic, what => 'concurrent: pgbench committing and rolling-back producers');
 	ok(all_published($node), 'concurrent: every event committed by pgbench is published');
 	$late->query_safe('COMMIT');
 	$late->quit;
@@ -151,7 +108,7 @@ ROLLBACK;
 		'0', 'concurrent: no event of a rolled-back transaction is in the outbox');
 	my ($msgs, $dups) = check_window($topic, \@ids);
 	is($dups, 0, 'concurrent: no duplicates in a crash-free run');
-	is(scalar(grep { ($_->{payload} // '') =~ /"rb"/ } @$msgs), 0,
+	is(scalar(grep { JSON::PP->new->decode($_->{payload})->{rb} } @$msgs), 0,
 		'concurrent: no rolled-back event reached the broker');
 	my $landing = $node->safe_psql('postgres',
 		"SELECT id, kafka_partition, kafka_offset FROM obx.outbox_events WHERE topic = '$topic'");
@@ -171,7 +128,6 @@ ROLLBACK;
 	my $t = time();
 	my $topic = 'orders.restart_pending.v1';
 	my $nkeys = 20;
-	my $n = 0;
 	my $slowest = 0;
 
 	# Known to the producers before the pause.
@@ -179,31 +135,8 @@ ROLLBACK;
 		"SELECT obx.enqueue('$topic', 'warmup', '{}')"));
 	ok(all_published($node), 'restart: warm-up event published');
 
-	# enqueue_wave($wave, $ntx): $ntx transactions of 10 events, keys
-	# spread, each statement under statement_timeout.  Returns the ids.
-	my $enqueue_wave = sub {
-		my ($wave, $ntx) = @_;
-		my @ids;
-		for my $tx (1 .. $ntx)
-		{
-			my $sql = "SET statement_timeout = '5s';\nBEGIN;\n";
-			for (1 .. 10)
-			{
-				$n++;
-				my $key = 'ord_' . ($n % $nkeys);
-				$sql .= "SELECT obx.enqueue('$topic', '$key', '{\"wave\": $wave, \"n\": $n}');\n";
-			}
-			$sql .= "COMMIT;\n";
-			my $start = time();
-			my ($ret, $out, $err) = $node->psql('postgres', $sql, on_error_stop => 1);
-			my $took = time() - $start;
-			$slowest = $took if $took > $slowest;
-			is($ret, 0, "restart: wave $wave tx $tx committed with the brokers paused")
-			  or diag($err);
-			push @ids, grep { length } split /\n/, $out;
-		}
-		return @ids;
-	};
+	my $enqueue_wave = wave_producer($node, $topic, nkeys => $nkeys,
+		slowest => \$slowest, brokers => 'paused', label => 'restart: ');
 
 	kafka_cluster($kafka, 'pause', $_) for 1 .. 3;
 
@@ -269,66 +202,18 @@ ROLLBACK;
 	my @relays = @{ relay_pids($node) };
 	is(scalar(@relays), 3, 'crash: three relays run');
 	kill 'STOP', @relays;
-	my @batch = split /\n/, $node->safe_psql('postgres', qq{
-		BEGIN;
-		SELECT obx.enqueue('$topic', 'ord_1', '{"n": 1}');
-		SELECT obx.enqueue('$topic', 'ord_2', '{"n": 1}');
-		SELECT obx.enqueue('$topic', 'ord_3', '{"n": 1}');
-		COMMIT;});
-	is(scalar(@batch), 3, 'crash: three events committed in one transaction');
+	my @batch = one_batch($node, $topic, 'crash: ');
 	my $victim = $batch[0];
 
-	my $bg = $node->background_psql('postgres', on_error_stop => 0);
-	my $bg_pid = $bg->query_safe('SELECT pg_backend_pid()');
-	$bg->query_safe(
-		"SET lock_timeout = '10s'; BEGIN; SELECT 1 FROM obx.outbox_events WHERE id = '$victim' FOR UPDATE;");
-	kill 'CONT', @relays;
-
-	# The acknowledged batch is at the broker ...
-	wait_for_broker($kafka, $topic, sub {
-		my $seen = event_ids_at_broker(shift);
-		!grep { !$seen->{$_} } @batch }, 'the claimed batch at the broker');
-
-	# ... and its relay waits on our lock: published_at is not set yet.
-	$node->poll_query_until('postgres', qq{
-		SELECT count(*) = 1 FROM pg_stat_activity
-		 WHERE backend_type = 'obx relay' AND wait_event_type = 'Lock'
-		   AND $bg_pid = ANY (pg_blocking_pids(pid))})
-	  or die 'the relay never waited on the row lock';
-	my $relay_pid = $node->safe_psql('postgres', qq{
-		SELECT pid FROM pg_stat_activity
-		 WHERE backend_type = 'obx relay' AND $bg_pid = ANY (pg_blocking_pids(pid))});
-	is($node->safe_psql('postgres',
-		"SELECT count(*) FROM obx.outbox_events WHERE id IN (@{[ in_list(@batch) ]}) AND published_at IS NULL"),
-		'3', 'crash: acknowledged by Kafka, not yet recorded as published');
-
-	my $log_offset = -s $node->logfile;
-	ok(kill('KILL', $relay_pid), "crash: SIGKILL sent to relay $relay_pid");
-	eval { $bg->quit; };
-
-	ok($node->poll_query_until('postgres',
-		"SELECT published_at IS NOT NULL FROM obx.outbox_events WHERE id = '$victim'"),
-		'crash: the victim is published after crash recovery');
-	ok(all_published($node), 'crash: the outbox has nothing left to publish');
-	my $log = slurp_file($node->logfile, $log_offset);
-	like($log, qr/\(PID $relay_pid\) was terminated by signal 9/,
-		'crash: the postmaster saw the relay die of SIGKILL');
-	like($log, qr/all server processes terminated; reinitializing/,
-		'crash: the instance went through crash recovery');
+	my ($relay_pid, $bg) = relay_waits_on_record($node, $kafka, $topic, \@batch,
+		sub { kill 'CONT', @relays }, 'crash: ');
+	crash_relay_at_record($node, $relay_pid, $bg, $victim, 'crash: ');
 
 	# One more event after the recovery, on the victim's key.
 	my @after = ($node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'ord_1', '{\"n\": 2}')"));
 	ok(all_published($node), 'crash: an event enqueued after the recovery is published');
 
-	my $msgs = wait_for_broker($kafka, $topic, sub {
-		my $seen = event_ids_at_broker(shift);
-		!grep { ($seen->{$_} // 0) < 2 } @batch }, 'the re-sent batch at the broker');
-	my $seen = event_ids_at_broker($msgs);
-	for my $id (@batch)
-	{
-		cmp_ok($seen->{$id}, '>=', 2,
-			"crash: event $id of the unrecorded batch reached the broker $seen->{$id} times");
-	}
+	my $msgs = resent_batch($kafka, $topic, \@batch, [ @warm, @batch, @after ], 'crash: ');
 	check_window($topic, [ @warm, @batch, @after ]);
 	my ($p, $o) = split /\|/, $node->safe_psql('postgres',
 		"SELECT kafka_partition, kafka_offset FROM obx.outbox_events WHERE id = '$victim'");

@@ -35,30 +35,20 @@ my $consumer = 'stock-rebalance';
 my $commit_ms = 500;    # the consumers' auto.commit.interval.ms
 
 my $kafka = start_kafka(nodes => 3);
-kafka_cluster($kafka, 'topic', $topic, 6);
 
 # The test harness turns restart_after_crash off; the SIGKILL below must
 # be recovered from.
-my $node = obx_node('consumer_rebalance', $kafka,
-	'restart_after_crash' => 'on',
-	'obx.workers' => 2,
-	'obx.consumer_workers' => 2);
-relay_ready($node, 2);
-wait_consumer_pids($node, 2);
+my $node = consumer_node('consumer_rebalance', $kafka, topics => { $topic => 6 },
+	relays => 2, consumers => 2, conf => { 'restart_after_crash' => 'on' });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
-q1(qq{
-	CREATE FUNCTION shop.apply(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS \$\$
-	BEGIN
+my $apply = handler($node, 'shop.apply', q{
 		IF e.payload->>'gate' = 'hold' THEN
 			PERFORM pg_advisory_xact_lock_shared(6565);
 		END IF;
-		PERFORM shop.record(e);
-	END
-	\$\$;
+		PERFORM shop.record(e);});
+q1(qq{
 	CREATE TABLE shop.flow (stop boolean NOT NULL);
 	INSERT INTO shop.flow VALUES (false);
 	-- The application: n events (or until shop.flow says stop) on keys
@@ -81,9 +71,8 @@ q1(qq{
 # A short session timeout (the broker's minimum): the members that die
 # with SIGKILL never leave the group, the rebalance waits for their
 # sessions to time out.
-q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'],
-	'shop.apply(obx.inbound_event)',
-	'{"kafka": {"auto.commit.interval.ms": "$commit_ms", "session.timeout.ms": "6000"}}')});
+subscribe($node, $consumer, [$topic], $apply,
+	kafka => { 'auto.commit.interval.ms' => $commit_ms, 'session.timeout.ms' => 6000 });
 
 sub applied { q1('SELECT count(*) FROM shop.effects') }
 
@@ -126,12 +115,7 @@ my $gate = $node->background_psql('postgres', on_error_stop => 0);
 $gate->query_safe('SELECT pg_advisory_lock(6565)');
 my $gated = q1(qq{SELECT obx.enqueue('$topic', 'sku-gate',
 	'{"eventType": "StockMoved", "gate": "hold"}', event_type => 'StockMoved')});
-ok($node->poll_query_until('postgres', q{
-	SELECT count(*) = 1 FROM pg_stat_activity
-	 WHERE backend_type = 'obx consumer' AND wait_event_type = 'Lock' AND wait_event = 'advisory'}),
-	'a consumer worker is inside the handler of the held event');
-my $held_pid = q1(q{SELECT pid FROM pg_stat_activity
-	WHERE backend_type = 'obx consumer' AND wait_event = 'advisory'});
+my $held_pid = handler_held($node, 'a consumer worker is inside the handler of the held event');
 $node->poll_query_until('postgres',
 	"SELECT kafka_offset IS NOT NULL FROM obx.outbox_events WHERE id = '$gated'")
   or die 'the relay did not record where the held event landed';
@@ -145,20 +129,21 @@ is(q1("SELECT count(*) FROM shop.effects WHERE event_id = '$gated'"), '0',
 # pass the held message; the other worker's partitions move on.
 my $t_gate = time();
 my ($looks, $passed, %first, %last) = (0, 0);
-my $give_up = $t_gate + $PostgreSQL::Test::Utils::timeout_default;
-while (($looks < 2 || time() - $t_gate < 10 * $commit_ms / 1000) && time() < $give_up)
-{
-	my $o = eval { group_offsets($kafka, $consumer, $topic) } or next;
-	next unless defined $o->{$gp};
-	$looks++;
-	$passed++ if $o->{$gp}[0] ne '-' && $o->{$gp}[0] > $go;
-	for my $p (keys %$o)
+wait_until(sub {
+	my $o = eval { group_offsets($kafka, $consumer, $topic) };
+	if ($o && defined $o->{$gp})
 	{
-		next if $o->{$p}[0] eq '-';
-		$first{$p} //= $o->{$p}[0];
-		$last{$p} = $o->{$p}[0];
+		$looks++;
+		$passed++ if $o->{$gp}[0] ne '-' && $o->{$gp}[0] > $go;
+		for my $p (keys %$o)
+		{
+			next if $o->{$p}[0] eq '-';
+			$first{$p} //= $o->{$p}[0];
+			$last{$p} = $o->{$p}[0];
+		}
 	}
-}
+	return $looks >= 2 && time() - $t_gate >= 10 * $commit_ms / 1000;
+}, "two looks at the group's offsets over ten auto-commit intervals", quiet => 1);
 ok($looks >= 2, "the group's committed offsets were read $looks times while the transaction was open");
 is($passed, 0,
 	"the group's committed offset of partition $gp never passed offset $go while that message's transaction was open");

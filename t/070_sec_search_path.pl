@@ -31,18 +31,11 @@ my $mock = start_mock();
 my $in_topic = 'sec.sp.in.v1';
 my $out_topic = 'sec.sp.out.v1';
 my $consumer = 'mallory-sp';
-mock_cmd($mock, "topic-create $in_topic 1");
 
-my $node = obx_node('sec_search_path', $mock,
-	'obx.workers' => 1,
-	'obx.consumer_workers' => 1);
-relay_ready($node, 1);
-wait_consumer_pids($node, 1);
+my $node = mallory_node('sec_search_path', $mock, topics => { $in_topic => 1 }, relays => 1);
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-sec_setup($node);
-subscriber_role($node, 'mallory');
 q1(q{
 	CREATE ROLE dbo LOGIN;
 	ALTER DATABASE postgres OWNER TO dbo;
@@ -66,17 +59,12 @@ $node->safe_psql('postgres', q{
 		PERFORM public.pwn('mallory.to_regclass');
 		RETURN pg_catalog.to_regclass($1);
 	END $$;
-	CREATE FUNCTION mallory.h(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS $$
-	BEGIN
+});
+subscribe($node, $consumer, [$in_topic], handler($node, 'mallory.h', q{
 		INSERT INTO mallory.seen VALUES (e.event_id, current_user,
 			pg_catalog.current_setting('search_path'));
-		PERFORM pg_catalog.set_config('search_path', 'mallory, pg_catalog', false);
-	END $$;
-});
-$node->safe_psql('postgres', qq{
-	SET ROLE mallory;
-	SELECT obx.subscribe('$consumer', ARRAY['$in_topic'], 'mallory.h(obx.inbound_event)')});
+		PERFORM pg_catalog.set_config('search_path', 'mallory, pg_catalog', false);},
+	as => 'mallory'), as => 'mallory');
 
 sub consume_round
 {

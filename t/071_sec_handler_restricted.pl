@@ -20,27 +20,18 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'sec.restricted.v1';
 my $consumer = 'mallory-restricted';
-mock_cmd($mock, "topic-create $topic 1");
 
-my $node = obx_node('sec_restricted', $mock,
-	'obx.workers' => 0,
-	'obx.consumer_workers' => 1);
-wait_consumer_pids($node, 1);
+my $node = mallory_node('sec_restricted', $mock, topics => { $topic => 1 });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-sec_setup($node);
-subscriber_role($node, 'mallory');
 $node->safe_psql('postgres', q{
 	SET ROLE mallory;
 	CREATE TABLE mallory.calls (
 		n serial, event_id text, who name, path text, marker text,
 		work_mem text, temp_table text);
-	CREATE FUNCTION mallory.h(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS $$
-	DECLARE
-		outcome text;
-	BEGIN
+});
+subscribe($node, $consumer, [$topic], handler($node, 'mallory.h', q{
 		INSERT INTO mallory.calls (event_id, who, path, marker, work_mem)
 		VALUES (e.event_id, current_user, pg_catalog.current_setting('search_path'),
 				pg_catalog.current_setting('mallory.marker', true),
@@ -54,12 +45,8 @@ $node->safe_psql('postgres', q{
 		EXCEPTION WHEN OTHERS THEN
 			outcome := SQLERRM;
 		END;
-		UPDATE mallory.calls c SET temp_table = outcome WHERE c.event_id = e.event_id;
-	END $$;
-});
-$node->safe_psql('postgres', qq{
-	SET ROLE mallory;
-	SELECT obx.subscribe('$consumer', ARRAY['$topic'], 'mallory.h(obx.inbound_event)')});
+		UPDATE mallory.calls c SET temp_table = outcome WHERE c.event_id = e.event_id;},
+	declare => '		outcome text;', as => 'mallory'), as => 'mallory');
 
 produce($mock, $topic,
 	map { { partition => 0, key => "k$_", headers => [ event_id => "r-$_" ],

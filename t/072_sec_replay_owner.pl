@@ -18,36 +18,25 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'sec.replay.v1';
 my $consumer = 'mallory-replay';
-mock_cmd($mock, "topic-create $topic 1");
 
-my $node = obx_node('sec_replay', $mock,
-	'obx.workers' => 0,
-	'obx.consumer_workers' => 1);
-wait_consumer_pids($node, 1);
+my $node = mallory_node('sec_replay', $mock, topics => { $topic => 1 });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-sec_setup($node);
-subscriber_role($node, 'mallory');
 $node->safe_psql('postgres', q{
 	SET ROLE mallory;
 	CREATE TABLE mallory.applied (event_id text, who name, super boolean);
 	CREATE TABLE mallory.fixed (yes boolean);
-	CREATE FUNCTION mallory.h(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql AS $$
-	BEGIN
+});
+subscribe($node, $consumer, [$topic], handler($node, 'mallory.h', q{
 		IF e.payload->>'bad' = 'yes' AND NOT EXISTS (SELECT FROM mallory.fixed) THEN
 			RAISE EXCEPTION 'rejected %', e.event_id;
 		END IF;
 		PERFORM public.pwn('handler on ' || e.event_id);
 		INSERT INTO mallory.applied
 		SELECT e.event_id, current_user, r.rolsuper
-		  FROM pg_catalog.pg_roles r WHERE r.rolname = current_user;
-	END $$;
-});
-$node->safe_psql('postgres', qq{
-	SET ROLE mallory;
-	SELECT obx.subscribe('$consumer', ARRAY['$topic'], 'mallory.h(obx.inbound_event)')});
+		  FROM pg_catalog.pg_roles r WHERE r.rolname = current_user;},
+	as => 'mallory'), as => 'mallory');
 
 produce($mock, $topic,
 	{ partition => 0, key => 'a', headers => [ event_id => 'rp-1' ], payload => '{"bad": "yes"}' },

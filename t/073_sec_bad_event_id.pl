@@ -17,17 +17,12 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'sec.badid.v1';
 my $consumer = 'stock-badid';
-mock_cmd($mock, "topic-create $topic 1");
 
-my $node = obx_node('sec_bad_event_id', $mock,
-	'obx.workers' => 0,
-	'obx.consumer_workers' => 1);
-wait_consumer_pids($node, 1);
+my $node = consumer_node('sec_bad_event_id', $mock, topics => { $topic => 1 });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
-q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'], 'shop.record(obx.inbound_event)')});
+subscribe($node, $consumer, [$topic], 'shop.record(obx.inbound_event)');
 
 # Random characters: a repeated one would compress into the index and fit.
 srand(73);

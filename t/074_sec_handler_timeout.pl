@@ -21,20 +21,12 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'sec.timeout.v1';
 my $consumer = 'stock-timeout';
-mock_cmd($mock, "topic-create $topic 1");
 
-my $node = obx_node('sec_handler_timeout', $mock,
-	'obx.workers' => 0,
-	'obx.consumer_workers' => 1);
-wait_consumer_pids($node, 1);
+my $node = consumer_node('sec_handler_timeout', $mock, topics => { $topic => 1 });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
-q1(q{
-	CREATE FUNCTION shop.reserve(e obx.inbound_event) RETURNS void
-	LANGUAGE plpgsql SET statement_timeout = 0 AS $$
-	BEGIN
+my $reserve = handler($node, 'shop.reserve', q{
 		-- The handlers under test loop forever; their sleeps are the loops'
 		-- bodies, not waits of the test (which polls for the dead letters).
 		IF e.payload->>'loop' = 'yes' THEN
@@ -51,9 +43,8 @@ q1(q{
 				END;
 			END LOOP;
 		END IF;
-		PERFORM shop.record(e);
-	END $$;
-});
+		PERFORM shop.record(e);},
+	set => 'statement_timeout = 0');
 
 # Bad values of the option.
 for my $bad ('-1', '"1000"', '1.5', '{}', '2147483648')
@@ -65,8 +56,7 @@ for my $bad ('-1', '"1000"', '1.5', '{}', '2147483648')
 		"handler_timeout_ms $bad is refused");
 }
 
-q1(qq{SELECT obx.subscribe('$consumer', ARRAY['$topic'], 'shop.reserve(obx.inbound_event)',
-	'{"handler_timeout_ms": 1000, "kafka": {"session.timeout.ms": "6000"}}')});
+subscribe($node, $consumer, [$topic], $reserve, handler_timeout_ms => 1000);
 
 produce($mock, $topic,
 	{ partition => 0, key => 'a', headers => [ event_id => 'to-1' ], payload => '{"loop": "no"}' },

@@ -24,16 +24,10 @@ my $clients = 4;
 my $per_client = 100;
 
 my $mock = start_mock();
-mock_cmd($mock, "topic-create $topic 4");
-my $node = obx_node('sec_hostile_defaults', $mock,
-	'obx.workers' => 3,
-	'obx.batch_size' => 20,
-	'obx.consumer_workers' => 1);
-relay_ready($node, 3);
-
-create_effects($node);
-$node->safe_psql('postgres', qq{
-	SELECT obx.subscribe('$consumer', ARRAY['$topic'], 'shop.record(obx.inbound_event)');
+my $node = consumer_node('sec_hostile_defaults', $mock, topics => { $topic => 4 },
+	relays => 3, conf => { 'obx.batch_size' => 20 });
+subscribe($node, $consumer, [$topic], 'shop.record(obx.inbound_event)');
+$node->safe_psql('postgres', q{
 	ALTER DATABASE postgres SET default_transaction_read_only = on;
 	ALTER DATABASE postgres SET default_transaction_isolation = 'serializable';
 	ALTER DATABASE postgres SET statement_timeout = '300ms';

@@ -27,7 +27,6 @@ use Test::More;
 
 my $mock = start_mock();
 my $topic = 'sec.options.v1';
-mock_cmd($mock, "topic-create $topic 1");
 
 # The attacker's "broker": a listener that must never see a connection.
 my $listener = IO::Socket::INET->new(Listen => 5, LocalAddr => '127.0.0.1',
@@ -39,15 +38,12 @@ my $port = $listener->sockport;
 my $dir = File::Spec->rel2abs(PostgreSQL::Test::Utils::tempdir('sec_options'));
 my $owned = "$dir/owned";
 
-my $node = obx_node('sec_options', $mock,
-	'obx.workers' => 0,
-	'obx.consumer_workers' => 1,
-	'obx.kafka_properties' => "'sasl.username=obx;sasl.password=kafka-secret-80'");
-my ($worker) = @{ wait_consumer_pids($node, 1) };
+my $node = consumer_node('sec_options', $mock, topics => { $topic => 1 },
+	conf => { 'obx.kafka_properties' => "'sasl.username=obx;sasl.password=kafka-secret-80'" });
+my ($worker) = @{ consumer_pids($node) };
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
 q1(q{
 	CREATE ROLE bob;
 	GRANT USAGE ON SCHEMA obx, shop TO bob;

@@ -23,13 +23,9 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'sec.owner.v1';
 my $other = 'sec.owner.other.v1';
-mock_cmd($mock, "topic-create $topic 1");
-mock_cmd($mock, "topic-create $other 1");
 
-my $node = obx_node('sec_owner', $mock,
-	'obx.workers' => 0,
-	'obx.consumer_workers' => 1);
-my ($worker) = @{ wait_consumer_pids($node, 1) };
+my $node = consumer_node('sec_owner', $mock, topics => { $topic => 1, $other => 1 });
+my ($worker) = @{ consumer_pids($node) };
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
@@ -40,7 +36,6 @@ sub as_role
 	return ($rc, $err);
 }
 
-create_effects($node);
 q1(q{
 	CREATE FUNCTION shop.steal(e obx.inbound_event) RETURNS void
 	LANGUAGE sql AS $$ INSERT INTO shop.effects (event_id, topic) VALUES ('stolen:' || e.event_id, e.topic) $$;

@@ -23,7 +23,7 @@ use Test::More;
 
 my $mock = start_mock();
 my $topic = 'sec.file.v1';
-mock_cmd($mock, "topic-create $topic 1");
+create_topic($mock, $topic, 1);
 
 my $dir = File::Spec->rel2abs(PostgreSQL::Test::Utils::tempdir('sec_file'));
 my $file = "$dir/kafka.properties";
@@ -56,9 +56,8 @@ my $node = obx_node('sec_file', $mock,
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
 create_effects($node);
-q1(qq{
-	SELECT obx.subscribe('file-app', ARRAY['$topic'], 'shop.record(obx.inbound_event)',
-		'{"kafka": {"session.timeout.ms": "6000"}}');
+subscribe($node, 'file-app', [$topic], 'shop.record(obx.inbound_event)');
+q1(q{
 	CREATE ROLE peek;
 	CREATE ROLE watch IN ROLE pg_monitor;
 	GRANT USAGE ON SCHEMA obx TO peek, watch;

@@ -18,18 +18,12 @@ use Test::More;
 
 my $mock = start_mock();
 my $topic = 'sec.dead.v1';
-mock_cmd($mock, "topic-create $topic 1");
 
-my $node = obx_node('sec_dead', $mock,
-	'obx.workers' => 0,
-	'obx.consumer_workers' => 1);
-wait_consumer_pids($node, 1);
+my $node = consumer_node('sec_dead', $mock, topics => { $topic => 1 });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-create_effects($node);
-q1(qq{SELECT obx.subscribe('dead-app', ARRAY['$topic'], 'shop.record(obx.inbound_event)',
-	'{"kafka": {"session.timeout.ms": "6000"}}')});
+subscribe($node, 'dead-app', [$topic], 'shop.record(obx.inbound_event)');
 
 my $n = 40;
 produce($mock, $topic, map { { partition => 0, key => "k$_",

@@ -1,11 +1,14 @@
-# ObxConsumer.pm: shared pieces of the consumer (inbox) tests, t/04*.pl.
+# ObxConsumer.pm: shared pieces of the consumer (inbox) tests: t/04*,
+# t/065, and the security tests of handlers and subscriptions (t/07*,
+# t/08*).
 #
-# Produces crafted messages to the Kafka stand-in with kcat (headers, keys,
-# explicit partitions, payloads that are not JSON, tombstones), creates the
-# tables a test handler records its effects in, and reads the consumer's
-# progress back from obx.consumer_status.  Every wait is on a condition,
-# with the harness timeout as the limit (ObxTest::wait_until,
-# poll_query_until).
+# Starts a consumer test's node (consumer_node), creates its handler and
+# subscription (handler, subscribe), produces crafted messages to the
+# Kafka stand-in with kcat (headers, keys, explicit partitions, payloads
+# that are not JSON, tombstones), creates the tables a test handler
+# records its effects in, and reads the consumer's progress back from
+# obx.consumer_status.  Every wait is on a condition, with the harness
+# timeout as the limit (ObxTest::wait_until, poll_query_until).
 package ObxConsumer;
 
 use strict;
@@ -13,13 +16,79 @@ use warnings;
 
 use Exporter 'import';
 use IPC::Run;
+use JSON::PP;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use ObxTest;
 
-our @EXPORT = qw(produce partition_ends wait_caught_up consumer_totals
+our @EXPORT = qw(consumer_node handler subscribe produce partition_ends wait_caught_up consumer_totals
   partition_status create_effects effects_per_event handler_calls
-  consumer_pids wait_consumer_pids find_message group_offsets);
+  consumer_pids wait_consumer_pids handler_held find_message group_offsets);
+
+# consumer_node($name, $broker, %opt): the node of a consumer test, at a
+# stand-in or a real Kafka cluster; returns it once its consumer workers
+# run (and its relay workers, if any, are idle).  Options:
+#   topics     { topic => partitions }, created at the broker first
+#   relays     obx.workers (default 0: no relay)
+#   consumers  obx.consumer_workers (default 1)
+#   conf       { setting => value }, more settings (see ObxTest::obx_node)
+#   effects    create_effects on it (default 1)
+sub consumer_node
+{
+	my ($name, $broker, %opt) = @_;
+	my $topics = $opt{topics} // {};
+	create_topic($broker, $_, $topics->{$_}) for sort keys %$topics;
+	my $relays = $opt{relays} // 0;
+	my $consumers = $opt{consumers} // 1;
+	my $node = obx_node($name, $broker,
+		'obx.workers' => $relays,
+		'obx.consumer_workers' => $consumers,
+		%{ $opt{conf} // {} });
+	relay_ready($node, $relays) if $relays > 0;
+	wait_consumer_pids($node, $consumers);
+	create_effects($node) if $opt{effects} // 1;
+	return $node;
+}
+
+# handler($node, 'shop.reserve', $body, %opt): create the handler function
+# shop.reserve(e obx.inbound_event) in PL/pgSQL, $body between its BEGIN
+# and END; returns its signature for subscribe.  Options: declare (its
+# DECLARE section), set ('statement_timeout = 0': a SET clause), as (the
+# role that creates it, by SET ROLE).
+sub handler
+{
+	my ($node, $name, $body, %opt) = @_;
+	my $set = $opt{set} ? " SET $opt{set}" : '';
+	my $declare = $opt{declare} ? "DECLARE\n$opt{declare}\n\t" : '';
+	my $role = $opt{as} ? "SET ROLE $opt{as};\n" : '';
+	$node->safe_psql('postgres', qq{$role
+	CREATE FUNCTION $name(e obx.inbound_event) RETURNS void
+	LANGUAGE plpgsql$set AS \$obx_handler\$
+	${declare}BEGIN
+$body
+	END
+	\$obx_handler\$;});
+	return "$name(obx.inbound_event)";
+}
+
+# subscribe($node, $consumer, \@topics, $handler, %opt): obx.subscribe,
+# by the role $opt{as} if given (SET ROLE), else by the superuser.
+# $opt{kafka} holds the subscription's Kafka properties; the default,
+# session.timeout.ms 6000, lets a rebalance (a member joining, or one that
+# died leaving) complete in seconds.  Any other option goes into the
+# options as given (handler_timeout_ms => 1000).
+sub subscribe
+{
+	my ($node, $consumer, $topics, $handler, %opt) = @_;
+	my $role = delete $opt{as};
+	my $kafka = delete $opt{kafka} // { 'session.timeout.ms' => 6000 };
+	my %options = (%opt, kafka => { map { $_ => "$kafka->{$_}" } keys %$kafka });
+	my $json = JSON::PP->new->canonical->encode(\%options);
+	my $list = join(', ', map { "'$_'" } @$topics);
+	$node->safe_psql('postgres', ($role ? "SET ROLE $role;\n" : '')
+		  . "SELECT obx.subscribe('$consumer', ARRAY[$list], '$handler', '$json')");
+	return;
+}
 
 # produce($mock, $topic, @messages): produce each message with kcat, in
 # the order given, and wait for the broker to acknowledge them.  A message
@@ -219,12 +288,20 @@ sub handler_calls
 }
 
 # consumer_pids($node): pids of the running consumer workers.
-sub consumer_pids
+sub consumer_pids { return worker_pids($_[0], 'obx consumer') }
+
+# handler_held($node, $what): wait until a consumer worker is inside a
+# handler that waits at the test's gate (an advisory lock the test holds),
+# checked as $what; returns that worker's pid.
+sub handler_held
 {
-	my ($node) = @_;
-	my $out = $node->safe_psql('postgres',
-		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'obx consumer' ORDER BY pid");
-	return [ grep { length } split /\n/, $out ];
+	my ($node, $what) = @_;
+	ok($node->poll_query_until('postgres', q{
+		SELECT count(*) = 1 FROM pg_stat_activity
+		 WHERE backend_type = 'obx consumer' AND wait_event_type = 'Lock' AND wait_event = 'advisory'}),
+		$what);
+	return $node->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity
+		WHERE backend_type = 'obx consumer' AND wait_event = 'advisory'});
 }
 
 # wait_consumer_pids($node, $n): wait until exactly $n consumer workers run;

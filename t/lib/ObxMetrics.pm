@@ -18,7 +18,7 @@ use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(usleep time);
+use ObxTest qw(wait_until);
 
 our @EXPORT = qw(exporter_bin start_exporter stop_exporter scrape
   parse_metrics sample samples scrape_until grant_monitoring);
@@ -108,10 +108,11 @@ sub start_exporter
 	}
 	note("exporter pid $exp{pid} on $exp{url}, DATA_SOURCE_NAME='$dsn'");
 
-	my $ok = wait_for(sub {
+	my $ok = wait_until(sub {
 		die "the exporter exited; log:\n" . slurp_file($log) . "\n" unless alive($exp{pid});
 		my $r = HTTP::Tiny->new(timeout => 5)->get($exp{url});
-		$r->{success} && $r->{content} =~ /^obx_worker_up\{/m }, 'the exporter to serve obx metrics');
+		$r->{success} && $r->{content} =~ /^obx_worker_up\{/m }, 'the exporter to serve obx metrics',
+		every => 0.1, quiet => 1);
 	die "the exporter never served obx metrics; log:\n" . slurp_file($log) . "\n" unless $ok;
 	return \%exp;
 }
@@ -208,21 +209,9 @@ sub scrape_until
 {
 	my ($exp, $cond, $what, $timeout) = @_;
 	my $m;
-	my $ok = wait_for(sub { $m = parse_metrics(scrape($exp)); $cond->($m) }, $what, $timeout);
+	my $ok = wait_until(sub { $m = parse_metrics(scrape($exp)); $cond->($m) }, $what,
+		timeout => $timeout, every => 0.1, quiet => 1);
 	return $ok ? $m : undef;
-}
-
-sub wait_for
-{
-	my ($cond, $what, $timeout) = @_;
-	my $deadline = time() + ($timeout // $PostgreSQL::Test::Utils::timeout_default);
-	while (time() < $deadline)
-	{
-		return 1 if $cond->();
-		usleep(100_000);    # poll interval of this condition wait
-	}
-	note("gave up waiting for $what");
-	return 0;
 }
 
 END

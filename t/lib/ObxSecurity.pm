@@ -13,8 +13,9 @@ use warnings;
 
 use Exporter 'import';
 use Test::More;
+use ObxConsumer ();
 
-our @EXPORT = qw(sec_setup subscriber_role ran_as_superuser attacker_is_superuser
+our @EXPORT = qw(sec_setup subscriber_role mallory_node ran_as_superuser attacker_is_superuser
   no_escalation);
 
 # sec_setup($node): the recorder, public.pwn(what) and public.pwned.
@@ -62,6 +63,18 @@ sub subscriber_role
 			obx.unsubscribe(text) TO $role;
 	});
 	return;
+}
+
+# mallory_node($name, $broker, %opt): a consumer test's node
+# (ObxConsumer::consumer_node, %opt as there; no shop schema) with the
+# recorder (sec_setup) and the attacker, mallory, a subscriber.
+sub mallory_node
+{
+	my ($name, $broker, %opt) = @_;
+	my $node = ObxConsumer::consumer_node($name, $broker, effects => 0, %opt);
+	sec_setup($node);
+	subscriber_role($node, 'mallory');
+	return $node;
 }
 
 # ran_as_superuser($node): what the attacker's functions ran as a

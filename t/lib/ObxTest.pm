@@ -18,10 +18,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep time);
 
-our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster obx_node obx_primary relay_ready read_topic wait_for_broker
+our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster create_topic obx_node obx_primary relay_ready read_topic wait_for_broker
   wait_until all_published event_ids_at_broker first_occurrences
   enqueue_with_rollbacks
-  committed_ids relay_pids broker_holds_exactly);
+  committed_ids worker_pids relay_pids broker_holds_exactly);
 
 my @mocks;
 my @clusters;    # real Kafka clusters made by start_kafka
@@ -111,6 +111,22 @@ sub kafka_cluster
 		IPC::Run::timeout(2 * $PostgreSQL::Test::Utils::timeout_default))
 	  or die "kafka-cluster $cmd @args failed: $err";
 	return $out;
+}
+
+# create_topic($broker, $topic, $partitions): make the topic at a
+# stand-in (start_mock) or a real Kafka cluster (start_kafka).
+sub create_topic
+{
+	my ($broker, $topic, $partitions) = @_;
+	if (defined $broker->{control})
+	{
+		mock_cmd($broker, "topic-create $topic $partitions");
+	}
+	else
+	{
+		kafka_cluster($broker, 'topic', $topic, $partitions);
+	}
+	return;
 }
 
 # obx_node($name, $mock, %conf): a started PostgreSQL node with obx
@@ -203,18 +219,28 @@ sub enqueue_with_rollbacks
 	return (\%committed, \%rolled_back);
 }
 
-# wait_until(sub { ... }, 'what'): poll a condition every 50 ms until it
-# holds; fails the test (and returns false) after the harness timeout.
+# wait_until(sub { ... }, 'what', %opt): the one polling helper of the
+# obx tests.  Calls the condition every 50 ms (every => seconds: another
+# interval) until it returns true, and returns true.  When it has not held
+# after the harness timeout ($PostgreSQL::Test::Utils::timeout_default;
+# timeout => seconds: another limit), it fails the test with "timed out
+# after N s waiting for what" and returns false; with quiet => 1 it only
+# notes that, for a caller that decides itself (a TODO block, a die with
+# more detail).  A condition that is one SQL query is
+# $node->poll_query_until, which shows the query and its last result when
+# it gives up.
 sub wait_until
 {
-	my ($cond, $what) = @_;
-	my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
-	while (time() < $deadline)
+	my ($cond, $what, %opt) = @_;
+	my $limit = $opt{timeout} // $PostgreSQL::Test::Utils::timeout_default;
+	my $start = time();
+	while (time() - $start < $limit)
 	{
 		return 1 if $cond->();
-		usleep(50_000);    # poll interval of this condition wait
+		usleep(1_000_000 * ($opt{every} // 0.05));    # poll interval of this condition wait
 	}
-	fail("timed out waiting for $what");
+	my $msg = sprintf('timed out after %.0f s waiting for %s', time() - $start, $what);
+	$opt{quiet} ? note($msg) : fail($msg);
 	return 0;
 }
 
@@ -319,14 +345,18 @@ sub committed_ids
 	return \%order;
 }
 
-# relay_pids($node): pids of the running relay workers.
-sub relay_pids
+# worker_pids($node, 'obx relay'): pids of the running workers of that
+# backend type ('obx relay', 'obx consumer'), in order.
+sub worker_pids
 {
-	my ($node) = @_;
+	my ($node, $type) = @_;
 	my $out = $node->safe_psql('postgres',
-		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'obx relay' ORDER BY pid");
+		"SELECT pid FROM pg_stat_activity WHERE backend_type = '$type' ORDER BY pid");
 	return [ grep { length } split /\n/, $out ];
 }
+
+# relay_pids($node): pids of the running relay workers.
+sub relay_pids { return worker_pids($_[0], 'obx relay') }
 
 # Nodes first (immediate stop, as PostgreSQL::Test::Cluster's own END
 # block would), then the stand-ins and the Kafka clusters: a relay that outlives its brokers
