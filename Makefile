@@ -4,6 +4,7 @@
 #   make installcheck             pg_regress against a temporary instance
 #   make prove                    end-to-end TAP tests (Kafka stand-in, crashes)
 #   test/run-all                  everything CI runs: packages, build, all tests
+#   make dist                     the PGXN distribution, obx-<version>.zip
 
 MODULE_big = obx
 OBJS = src/obx.o src/enqueue.o src/claim.o src/outbox.o src/housekeeping.o \
@@ -46,3 +47,14 @@ clean-local:
 	rm -rf test/results test/tmp_check tmp_check
 
 .PHONY: prove clean-local
+
+# PGXN: the distribution is the committed tree (git archive HEAD) under one
+# directory, named after META.json's version (test/meta-check keeps that
+# equal to obx.control's and debian/changelog's).  Upload the zip to PGXN.
+DISTVERSION = $(shell perl -MJSON::PP -e 'local $$/; print decode_json(<STDIN>)->{version}' <$(srcdir)/META.json)
+dist:
+	git archive --format zip --prefix=$(EXTENSION)-$(DISTVERSION)/ \
+		-o $(EXTENSION)-$(DISTVERSION).zip HEAD
+	@echo "$(EXTENSION)-$(DISTVERSION).zip"
+
+.PHONY: dist

@@ -5,7 +5,8 @@
 
 OBX_PACKAGES="make gcc clang-format postgresql-15 postgresql-server-dev-15 librdkafka-dev
 uuid-dev kcat libipc-run-perl procps prometheus-postgres-exporter
-php-cli php-pgsql php-laravel-framework php-illuminate-database"
+php-cli php-pgsql php-laravel-framework php-illuminate-database
+debhelper postgresql-server-dev-all dpkg-dev fakeroot unzip"
 
 # The real Apache Kafka broker: Java and Maven from Debian, the broker's jars
 # from Maven Central (tools/kafka/pom.xml), cached in OBX_KAFKA_LIBS.
@@ -35,6 +36,32 @@ obx_install_kafka()
 	}
 	chmod -R a+rX "$OBX_KAFKA_LIBS"
 	touch "$OBX_KAFKA_LIBS/.complete"
+}
+
+# obx_install_pgxn_meta: PGXN's META.json validator (the pgxn_meta crate's
+# CLI, built by cargo from crates.io) in OBX_PGXN_META_ROOT, for
+# test/meta-check; a second call costs nothing.  Without cargo on the
+# machine it says so and test/meta-check runs its own checks only.
+OBX_PGXN_META_VERSION=0.7.0
+export OBX_PGXN_META_ROOT="${OBX_PGXN_META_ROOT:-/var/cache/obx/pgxn-meta-$OBX_PGXN_META_VERSION}"
+export OBX_PGXN_META="$OBX_PGXN_META_ROOT/bin/pgxn_meta"
+obx_install_pgxn_meta()
+{
+	local cargo
+	[ -x "$OBX_PGXN_META" ] && return 0
+	cargo=$(command -v cargo || echo "${HOME:-/root}/.cargo/bin/cargo")
+	if [ ! -x "$cargo" ]; then
+		echo "no cargo: PGXN's META.json validator (pgxn_meta) is not installed" >&2
+		return 0
+	fi
+	echo "building PGXN's META.json validator pgxn_meta $OBX_PGXN_META_VERSION (cargo, crates.io) into $OBX_PGXN_META_ROOT"
+	mkdir -p "$(dirname "$OBX_PGXN_META_ROOT")"
+	"$cargo" install -q --locked pgxn_meta --version "$OBX_PGXN_META_VERSION" \
+		--root "$OBX_PGXN_META_ROOT" >"$OBX_PGXN_META_ROOT.log" 2>&1 || {
+		cat "$OBX_PGXN_META_ROOT.log" >&2
+		echo "could not build pgxn_meta $OBX_PGXN_META_VERSION from crates.io" >&2
+		return 1
+	}
 }
 
 # obx_install_packages PKG...: apt-get install whichever are missing.
