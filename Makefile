@@ -28,8 +28,8 @@ include $(PGXS)
 
 all: tools/obx-kafka-mock
 
-# Every source file includes the shared header (PGXS tracks no headers).
-$(OBJS): src/obx.h
+# PGXS tracks no header dependencies: rebuild everything when one changes.
+$(OBJS): $(wildcard src/*.h)
 
 tools/obx-kafka-mock: tools/obx_kafka_mock.c
 	$(MAKE) -C tools
