@@ -40,8 +40,9 @@ obx_install_kafka()
 
 # obx_install_pgxn_meta: PGXN's META.json validator (the pgxn_meta crate's
 # CLI, built by cargo from crates.io) in OBX_PGXN_META_ROOT, for
-# test/meta-check; a second call costs nothing.  Without cargo on the
-# machine it says so and test/meta-check runs its own checks only.
+# test/meta-check, which uses it when present.  Run by hand only (the
+# suite never builds it: it is not a Debian package); a second call costs
+# nothing, and without cargo it says so.
 OBX_PGXN_META_VERSION=0.7.0
 export OBX_PGXN_META_ROOT="${OBX_PGXN_META_ROOT:-/var/cache/obx/pgxn-meta-$OBX_PGXN_META_VERSION}"
 export OBX_PGXN_META="$OBX_PGXN_META_ROOT/bin/pgxn_meta"
