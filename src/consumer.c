@@ -25,7 +25,8 @@
  * are blocked while a handle is created, logs go through the consumer's
  * queue, and callbacks run only inside rd_kafka_consumer_poll() on the
  * worker's thread.  Each consumer queue writes a byte to one pipe when it
- * becomes non-empty; the worker waits on that pipe and its latch.
+ * becomes non-empty; the worker waits on that pipe and its latch (the
+ * worker base's kept wait set, see worker.c).
  *
  * Several consumer workers serve every subscription; their consumers join
  * the same group, so the partitions are shared among them.
@@ -41,17 +42,12 @@
 
 #include "access/xlog.h"
 #include "miscadmin.h"
-#include "pgstat.h"
-#include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
-#include "storage/ipc.h"
-#include "storage/latch.h"
-#include "tcop/tcopprot.h"
-#include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "worker.h"
 
 /* Messages handled per consumer before the others get a turn. */
 #define OBX_CONSUMER_FAIRNESS     200
@@ -81,18 +77,20 @@ typedef struct Consumer
 	struct Consumer *next;
 } Consumer;
 
-static int my_worker = -1;
-static const char *my_database = NULL;
-static Consumer *consumers = NULL;
-static int pipefd[2] = {-1, -1};
-static char *kafka_settings_seen = NULL;
-
-static char *
-kafka_settings(void)
+/*
+ * Everything the consumer worker keeps between two passes of its loop.
+ */
+typedef struct ConsumerState
 {
-	return psprintf("%s|%s|%s", obx_brokers, obx_kafka_properties,
-					obx_kafka_file_signature());
-}
+	ObxWorker w;
+	MemoryContext scratch; /* reset every pass */
+	MemoryContext msg_cxt; /* reset after every message */
+	Consumer *consumers;   /* one per subscription */
+	int pipefd[2];         /* every consumer queue signals on state.pipefd[1] */
+	TimestampTz next_refresh;
+} ConsumerState;
+
+static ConsumerState state = {.pipefd = {-1, -1}};
 
 /*
  * Log a Kafka error of a consumer at most once a minute per distinct
@@ -110,14 +108,14 @@ note_kafka_error(Consumer *c, const char *what)
 		ereport(WARNING,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("obx consumer %d, consumer group \"%s\": Kafka error: %s",
-						my_worker, c->sub.name, what),
+						state.w.number, c->sub.name, what),
 				 errdetail("%lld more like it since the last one logged.",
 						   (long long) suppressed)));
 	else
 		ereport(WARNING,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("obx consumer %d, consumer group \"%s\": Kafka error: %s",
-						my_worker, c->sub.name, what)));
+						state.w.number, c->sub.name, what)));
 }
 
 static void
@@ -186,7 +184,7 @@ start_kafka_consumer(Consumer *c, char *errbuf, size_t errlen)
 	/* Logs, errors and messages all arrive through the consumer queue. */
 	rd_kafka_poll_set_consumer(c->rk);
 	c->queue = rd_kafka_queue_get_consumer(c->rk);
-	rd_kafka_queue_io_event_enable(c->queue, pipefd[1], "1", 1);
+	rd_kafka_queue_io_event_enable(c->queue, state.pipefd[1], "1", 1);
 
 	topics = rd_kafka_topic_partition_list_new(c->sub.ntopics);
 	for (i = 0; i < c->sub.ntopics; i++)
@@ -290,7 +288,7 @@ new_consumer(const ObxSubscription *sub)
 		ereport(WARNING,
 				(errcode(ERRCODE_CONFIG_FILE_ERROR),
 				 errmsg("obx consumer %d could not start the Kafka consumer of subscription \"%s\": %s",
-						my_worker, sub->name, errbuf),
+						state.w.number, sub->name, errbuf),
 				 errhint("Check obx.brokers, obx.kafka_properties and the subscription's options; "
 						 "obx tries again when they change.")));
 		stop_kafka_consumer(c);
@@ -298,7 +296,32 @@ new_consumer(const ObxSubscription *sub)
 	else
 		ereport(LOG,
 				(errmsg("obx consumer %d joined consumer group \"%s\"",
-						my_worker, sub->name)));
+						state.w.number, sub->name)));
+	return c;
+}
+
+/*
+ * A subscription the workers cannot serve: its owner or handler is gone, or
+ * the row holds what obx.subscribe refuses.  Kept as a consumer without a
+ * Kafka handle, so that it is skipped, and said so, once per change of the
+ * subscription.  obx.consumers shows the problem too.
+ */
+static Consumer *
+skipped_consumer(const ObxSubscription *sub)
+{
+	Consumer *c = MemoryContextAllocZero(TopMemoryContext, sizeof(Consumer));
+
+	c->cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer",
+								   ALLOCSET_SMALL_SIZES);
+	c->sub.name = MemoryContextStrdup(c->cxt, sub->name);
+	c->sub.signature = MemoryContextStrdup(c->cxt, sub->signature);
+	ereport(WARNING,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("obx subscription \"%s\" is not consumed: %s",
+					sub->name, sub->problem),
+			 errhint(sub->handler_missing
+						 ? "Create the function again, or call obx.subscribe with a new handler."
+						 : "Fix it with obx.subscribe, or remove it with obx.unsubscribe; obx.consumers shows the problem.")));
 	return c;
 }
 
@@ -307,9 +330,9 @@ new_consumer(const ObxSubscription *sub)
  * restart the changed ones, stop the removed ones.
  */
 static void
-refresh_subscriptions(MemoryContext scratch)
+refresh_subscriptions(void)
 {
-	MemoryContext old = MemoryContextSwitchTo(scratch);
+	MemoryContext old = MemoryContextSwitchTo(state.scratch);
 	int n;
 	ObxSubscription *subs = obx_inbox_subscriptions(&n);
 	Consumer *kept = NULL;
@@ -319,11 +342,11 @@ refresh_subscriptions(MemoryContext scratch)
 	MemoryContextSwitchTo(old);
 
 	/* Stop what is gone or changed. */
-	while ((c = consumers) != NULL)
+	while ((c = state.consumers) != NULL)
 	{
 		bool found = false;
 
-		consumers = c->next;
+		state.consumers = c->next;
 		for (i = 0; i < n; i++)
 			if (strcmp(subs[i].name, c->sub.name) == 0 &&
 				strcmp(subs[i].signature, c->sub.signature) == 0)
@@ -337,47 +360,29 @@ refresh_subscriptions(MemoryContext scratch)
 		{
 			ereport(LOG,
 					(errmsg("obx consumer %d left consumer group \"%s\"",
-							my_worker, c->sub.name)));
+							state.w.number, c->sub.name)));
 			drop_consumer(c);
 		}
 	}
-	consumers = kept;
+	state.consumers = kept;
 
 	for (i = 0; i < n; i++)
 	{
 		bool running = false;
 
-		for (c = consumers; c != NULL; c = c->next)
+		for (c = state.consumers; c != NULL; c = c->next)
 			if (strcmp(subs[i].name, c->sub.name) == 0)
 				running = true;
 		if (running)
 			continue;
 		if (subs[i].problem != NULL)
-		{
-			/*
-			 * Its owner or handler is gone, or the row holds what
-			 * obx.subscribe refuses: skip it, and say so once per change of
-			 * the subscription.  obx.consumers shows the problem too.
-			 */
-			c = MemoryContextAllocZero(TopMemoryContext, sizeof(Consumer));
-			c->cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer",
-										   ALLOCSET_SMALL_SIZES);
-			c->sub.name = MemoryContextStrdup(c->cxt, subs[i].name);
-			c->sub.signature = MemoryContextStrdup(c->cxt, subs[i].signature);
-			ereport(WARNING,
-					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("obx subscription \"%s\" is not consumed: %s",
-							subs[i].name, subs[i].problem),
-					 errhint(subs[i].handler_missing
-								 ? "Create the function again, or call obx.subscribe with a new handler."
-								 : "Fix it with obx.subscribe, or remove it with obx.unsubscribe; obx.consumers shows the problem.")));
-		}
+			c = skipped_consumer(&subs[i]);
 		else
 			c = new_consumer(&subs[i]);
-		c->next = consumers;
-		consumers = c;
+		c->next = state.consumers;
+		state.consumers = c;
 	}
-	MemoryContextReset(scratch);
+	MemoryContextReset(state.scratch);
 }
 
 static void
@@ -385,9 +390,9 @@ stop_all(void)
 {
 	Consumer *c;
 
-	while ((c = consumers) != NULL)
+	while ((c = state.consumers) != NULL)
 	{
-		consumers = c->next;
+		state.consumers = c->next;
 		drop_consumer(c);
 	}
 }
@@ -448,7 +453,7 @@ hold_back(Consumer *c, HeldPartition *h)
 		 */
 		ereport(LOG,
 				(errmsg("obx consumer %d, consumer group \"%s\": could not seek topic \"%s\" partition %d to offset %lld: %s",
-						my_worker, c->sub.name, h->topic, h->partition,
+						state.w.number, c->sub.name, h->topic, h->partition,
 						(long long) h->offset, rd_kafka_error_string(error))));
 		rd_kafka_error_destroy(error);
 	}
@@ -495,58 +500,43 @@ store_offset(Consumer *c, const rd_kafka_message_t *m)
 	/* Not ours any more after a rebalance: the next owner re-reads it. */
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		elog(DEBUG1, "obx consumer %d could not store an offset: %s",
-			 my_worker, rd_kafka_err2name(err));
+			 state.w.number, rd_kafka_err2name(err));
 	rd_kafka_topic_partition_list_destroy(list);
 }
 
+/*
+ * Copy what the inbox needs of a Kafka message into *in: the message stays
+ * valid until it is destroyed; header arrays are allocated in the current
+ * (per-message) context.
+ */
 static void
-handle_message(Consumer *c, rd_kafka_message_t *m)
+inbound_message(Consumer *c, rd_kafka_message_t *m, ObxInbound *in)
 {
-	const char *topic = rd_kafka_topic_name(m->rkt);
-	HeldPartition *h = find_held(c, topic, m->partition);
-	ObxInbound in;
 	rd_kafka_headers_t *hdrs = NULL;
 	rd_kafka_timestamp_type_t tstype;
 	int64 ts;
-	char errbuf[512];
-	ObxInboxResult result;
 
-	if (h != NULL && (h->resume_at != 0 || m->offset > h->offset))
-	{
-		/*
-		 * Held, or a message past the held one: fetched before the seek.
-		 * Every message before the held one has been handled, so dropping
-		 * these loses nothing; the held message must come first.
-		 */
-		if (h->resume_at == 0)
-		{
-			hold_back(c, h);
-			h->resume_at = GetCurrentTimestamp();
-		}
-		return;
-	}
-
-	memset(&in, 0, sizeof(in));
-	in.sub = &c->sub;
-	in.topic = topic;
-	in.partition = m->partition;
-	in.offset = m->offset;
-	in.key = m->key;
-	in.key_len = m->key_len;
-	in.value = m->payload;
-	in.value_len = m->len;
+	memset(in, 0, sizeof(ObxInbound));
+	in->sub = &c->sub;
+	in->topic = rd_kafka_topic_name(m->rkt);
+	in->partition = m->partition;
+	in->offset = m->offset;
+	in->key = m->key;
+	in->key_len = m->key_len;
+	in->value = m->payload;
+	in->value_len = m->len;
 	ts = rd_kafka_message_timestamp(m, &tstype);
 	if (tstype != RD_KAFKA_TIMESTAMP_NOT_AVAILABLE && ts >= 0)
-		in.timestamp = (TimestampTz) ts * 1000 -
-					   ((POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * USECS_PER_SEC);
+		in->timestamp = (TimestampTz) ts * 1000 -
+						((POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * USECS_PER_SEC);
 	if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		size_t count = rd_kafka_header_cnt(hdrs);
 		size_t i;
 
-		in.header_names = palloc(sizeof(char *) * count);
-		in.header_values = palloc(sizeof(char *) * count);
-		in.header_lens = palloc(sizeof(size_t) * count);
+		in->header_names = palloc(sizeof(char *) * count);
+		in->header_values = palloc(sizeof(char *) * count);
+		in->header_lens = palloc(sizeof(size_t) * count);
 		for (i = 0; i < count; i++)
 		{
 			const char *name;
@@ -556,30 +546,67 @@ handle_message(Consumer *c, rd_kafka_message_t *m)
 			if (rd_kafka_header_get_all(hdrs, i, &name, &value, &len) !=
 				RD_KAFKA_RESP_ERR_NO_ERROR)
 				break;
-			in.header_names[i] = name;
-			in.header_values[i] = value;
-			in.header_lens[i] = len;
-			in.nheaders++;
+			in->header_names[i] = name;
+			in->header_values[i] = value;
+			in->header_lens[i] = len;
+			in->nheaders++;
 		}
 	}
+}
 
-	result = obx_inbox_handle(&in, errbuf, sizeof(errbuf));
-	if (result == OBX_INBOX_RETRY)
+/*
+ * A transient failure: hold the message's partition back (h, or a new held
+ * partition) for a backoff, with its position on the message.
+ */
+static void
+hold_for_retry(Consumer *c, HeldPartition *h, const ObxInbound *in,
+			   const char *error)
+{
+	if (h == NULL)
 	{
-		if (h == NULL)
+		h = MemoryContextAllocZero(c->cxt, sizeof(HeldPartition));
+		h->topic = MemoryContextStrdup(c->cxt, in->topic);
+		h->partition = in->partition;
+		h->next = c->held;
+		c->held = h;
+	}
+	h->offset = in->offset;
+	h->attempts++;
+	hold_back(c, h);
+	h->resume_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+											   backoff_ms(h->attempts));
+	obx_inbox_note_retry(in, error);
+}
+
+/*
+ * Hand one message to the inbox; store its offset once its transaction
+ * has committed, or hold its partition back on a transient failure.
+ *
+ * A message of a held partition, or past the held message, was fetched
+ * before the seek: every message before the held one has been handled, so
+ * dropping it loses nothing, and the held message must come first.
+ */
+static void
+handle_message(Consumer *c, rd_kafka_message_t *m)
+{
+	HeldPartition *h = find_held(c, rd_kafka_topic_name(m->rkt), m->partition);
+	ObxInbound in;
+	char errbuf[512];
+
+	if (h != NULL && (h->resume_at != 0 || m->offset > h->offset))
+	{
+		if (h->resume_at == 0)
 		{
-			h = MemoryContextAllocZero(c->cxt, sizeof(HeldPartition));
-			h->topic = MemoryContextStrdup(c->cxt, topic);
-			h->partition = m->partition;
-			h->next = c->held;
-			c->held = h;
+			hold_back(c, h);
+			h->resume_at = GetCurrentTimestamp();
 		}
-		h->offset = m->offset;
-		h->attempts++;
-		hold_back(c, h);
-		h->resume_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-												   backoff_ms(h->attempts));
-		obx_inbox_note_retry(&in, errbuf);
+		return;
+	}
+
+	inbound_message(c, m, &in);
+	if (obx_inbox_handle(&in, errbuf, sizeof(errbuf)) == OBX_INBOX_RETRY)
+	{
+		hold_for_retry(c, h, &in, errbuf);
 		return;
 	}
 
@@ -638,18 +665,40 @@ record_watermarks(Consumer *c, TimestampTz now)
 	obx_inbox_watermarks(c->sub.name, n, topics, parts, lows, highs);
 }
 
+/* Poll one message of c and serve it; false if there was none. */
+static bool
+serve_one(Consumer *c)
+{
+	rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 0);
+	MemoryContext old;
+
+	if (m == NULL)
+		return false;
+	old = MemoryContextSwitchTo(state.msg_cxt);
+	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		handle_message(c, m);
+	else
+		note_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
+									 rd_kafka_message_errstr(m)));
+	rd_kafka_message_destroy(m);
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(state.msg_cxt);
+	CHECK_FOR_INTERRUPTS();
+	return true;
+}
+
 /*
  * Serve every consumer once: up to OBX_CONSUMER_FAIRNESS messages each.
  * Returns how many messages (or events) were served.
  */
 static int
-serve_consumers(MemoryContext msg_cxt)
+serve_consumers(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	Consumer *c;
 	int served = 0;
 
-	for (c = consumers; c != NULL && !ShutdownRequestPending; c = c->next)
+	for (c = state.consumers; c != NULL && !ShutdownRequestPending; c = c->next)
 	{
 		int i;
 
@@ -658,22 +707,9 @@ serve_consumers(MemoryContext msg_cxt)
 		resume_due(c, now);
 		for (i = 0; i < OBX_CONSUMER_FAIRNESS && !ShutdownRequestPending; i++)
 		{
-			rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 0);
-			MemoryContext old;
-
-			if (m == NULL)
+			if (!serve_one(c))
 				break;
 			served++;
-			old = MemoryContextSwitchTo(msg_cxt);
-			if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
-				handle_message(c, m);
-			else
-				note_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
-											 rd_kafka_message_errstr(m)));
-			rd_kafka_message_destroy(m);
-			MemoryContextSwitchTo(old);
-			MemoryContextReset(msg_cxt);
-			CHECK_FOR_INTERRUPTS();
 		}
 		record_watermarks(c, now);
 	}
@@ -684,117 +720,100 @@ serve_consumers(MemoryContext msg_cxt)
 static long
 next_wakeup_ms(long timeout_ms)
 {
-	TimestampTz now = GetCurrentTimestamp();
 	Consumer *c;
 	HeldPartition *h;
 
-	for (c = consumers; c != NULL; c = c->next)
+	for (c = state.consumers; c != NULL; c = c->next)
 		for (h = c->held; h != NULL; h = h->next)
 			if (h->resume_at != 0)
-			{
-				long secs;
-				int usecs;
-
-				TimestampDifference(now, h->resume_at, &secs, &usecs);
-				timeout_ms = Min(timeout_ms, secs * 1000 + usecs / 1000);
-			}
+				timeout_ms = Min(timeout_ms, obx_ms_until(h->resume_at));
 	return Max(timeout_ms, 1);
 }
 
+/* Sleep on the latch and the consumers' pipe, then empty the pipe. */
 static void
 wait_for_messages(long timeout_ms)
 {
 	char drain[64];
 
-	(void) WaitLatchOrSocket(MyLatch,
-							 WL_LATCH_SET | WL_TIMEOUT | WL_SOCKET_READABLE |
-								 WL_EXIT_ON_PM_DEATH,
-							 pipefd[0], timeout_ms, PG_WAIT_EXTENSION);
-	ResetLatch(MyLatch);
-	while (read(pipefd[0], drain, sizeof(drain)) > 0)
+	obx_worker_wait(&state.w, timeout_ms, true);
+	while (read(state.pipefd[0], drain, sizeof(drain)) > 0)
 		;
-	CHECK_FOR_INTERRUPTS();
 }
 
 /* SIGHUP: new Kafka settings restart every consumer with them. */
 static void
-process_reload(void)
+consumer_reload(void)
 {
-	char *now;
-
-	if (!ConfigReloadPending)
+	if (!obx_worker_reload(&state.w))
 		return;
-	ConfigReloadPending = false;
-	ProcessConfigFile(PGC_SIGHUP);
-	obx_kafka_file_reread();
-	now = kafka_settings();
-	if (strcmp(now, kafka_settings_seen) != 0)
+	ereport(LOG,
+			(errmsg("obx consumer %d: Kafka settings changed, restarting its consumers",
+					state.w.number)));
+	stop_all();
+}
+
+/*
+ * Every obx.poll_interval: whether obx is installed (if not, stop every
+ * consumer and wait), and if so bring the consumers in line with
+ * obx.subscriptions.
+ */
+static bool
+subscriptions_ready(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (now < state.next_refresh)
+		return true;
+	state.next_refresh = TimestampTzPlusMilliseconds(now, obx_poll_interval_ms);
+	if (!obx_worker_extension_ready(&state.w))
 	{
-		ereport(LOG,
-				(errmsg("obx consumer %d: Kafka settings changed, restarting its consumers",
-						my_worker)));
 		stop_all();
-		pfree(kafka_settings_seen);
-		kafka_settings_seen = MemoryContextStrdup(TopMemoryContext, now);
+		wait_for_messages(obx_poll_interval_ms);
+		return false;
 	}
+	refresh_subscriptions();
+	return true;
+}
+
+/*
+ * Start-up beyond the base: the worker's handler slot (see
+ * obx_inbox_attach), the pipe its consumer queues signal on, its memory.
+ */
+static void
+consumer_start(Datum main_arg)
+{
+	obx_worker_start(&state.w, OBX_WORKER_CONSUMER, main_arg);
+	obx_inbox_attach(state.w.number);
+
+	if (pipe(state.pipefd) != 0 ||
+		fcntl(state.pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(state.pipefd[1], F_SETFL, O_NONBLOCK) != 0)
+		elog(ERROR, "obx consumer could not create a pipe: %m");
+	obx_worker_watch_fd(&state.w, state.pipefd[0]);
+
+	state.scratch = AllocSetContextCreate(TopMemoryContext, "obx consumer loop",
+										  ALLOCSET_DEFAULT_SIZES);
+	state.msg_cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer message",
+										  ALLOCSET_DEFAULT_SIZES);
 }
 
 /*
  * obx_consumer_main
- *		Entry point of consumer worker number main_arg.
+ *		Entry point of consumer worker number main_arg.  Each pass of the
+ *		loop is a list of steps; a step that has to wait waits and starts the
+ *		next pass.
  */
 void
 obx_consumer_main(Datum main_arg)
 {
-	MemoryContext scratch;
-	MemoryContext msg_cxt;
-	TimestampTz next_refresh = 0;
-	TimestampTz next_purge = 0;
-	bool said_waiting = false;
-
-	my_worker = DatumGetInt32(main_arg);
-	my_database = (obx_consumer_database && obx_consumer_database[0])
-					  ? obx_consumer_database
-					  : obx_database;
-
-	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
-	BackgroundWorkerUnblockSignals();
-
-	BackgroundWorkerInitializeConnection(my_database, NULL, 0);
-	obx_worker_pin_settings();
-	obx_inbox_attach(my_worker);
-	pgstat_report_appname("obx consumer");
-
-	/*
-	 * A message's offset is stored only after its transaction commits; the
-	 * commit must be durable by then, or a crash could lose an effect whose
-	 * offset Kafka already has.
-	 */
-	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
-
-	if (pipe(pipefd) != 0 ||
-		fcntl(pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(pipefd[1], F_SETFL, O_NONBLOCK) != 0)
-		elog(ERROR, "obx consumer could not create a pipe: %m");
-
-	scratch = AllocSetContextCreate(TopMemoryContext, "obx consumer loop",
-									ALLOCSET_DEFAULT_SIZES);
-	msg_cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer message",
-									ALLOCSET_DEFAULT_SIZES);
-	kafka_settings_seen = MemoryContextStrdup(TopMemoryContext, kafka_settings());
-
-	ereport(LOG,
-			(errmsg("obx consumer %d started for database \"%s\"", my_worker,
-					my_database)));
+	consumer_start(main_arg);
 
 	while (!ShutdownRequestPending)
 	{
-		TimestampTz now;
-
-		MemoryContextSwitchTo(scratch);
-		MemoryContextReset(scratch);
-		process_reload();
+		MemoryContextSwitchTo(state.scratch);
+		MemoryContextReset(state.scratch);
+		consumer_reload();
 
 		if (RecoveryInProgress())
 		{
@@ -802,47 +821,14 @@ obx_consumer_main(Datum main_arg)
 			wait_for_messages(obx_poll_interval_ms);
 			continue;
 		}
-
-		now = GetCurrentTimestamp();
-		if (now >= next_refresh)
-		{
-			bool exists = obx_extension_exists();
-
-			next_refresh = TimestampTzPlusMilliseconds(now, obx_poll_interval_ms);
-			if (!exists && !said_waiting)
-				ereport(LOG,
-						(errmsg("obx consumer %d is waiting for CREATE EXTENSION obx in database \"%s\"",
-								my_worker, my_database)));
-			said_waiting = !exists;
-			if (!exists)
-			{
-				stop_all();
-				wait_for_messages(obx_poll_interval_ms);
-				continue;
-			}
-			refresh_subscriptions(scratch);
-		}
-
-		/*
-		 * Dedupe history: purged here too, in case no relay serves this
-		 * database (see obx_outbox_purge).
-		 */
-		if (my_worker == 0 && now >= next_purge &&
-			(obx_workers == 0 || strcmp(my_database, obx_database) != 0))
-		{
-			int64 purged = obx_outbox_purge();
-
-			next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													 purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);
-		}
-
-		if (serve_consumers(msg_cxt) == 0)
+		if (!subscriptions_ready())
+			continue;
+		obx_worker_housekeeping(&state.w);
+		if (serve_consumers() == 0)
 			wait_for_messages(next_wakeup_ms(Min(obx_poll_interval_ms,
 												 OBX_WATERMARK_INTERVAL_MS)));
 	}
 
 	stop_all();
-	ereport(LOG, (errmsg("obx consumer %d stopped", my_worker)));
-	/* Status 1: restarted after a pg_terminate_backend() (see relay.c). */
-	proc_exit(1);
+	obx_worker_exit(&state.w);
 }

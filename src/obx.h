@@ -6,7 +6,11 @@
  *	  worker publishes, and the entry points of each file.
  *
  * Files and what they own:
- *	  obx.c		module entry, GUCs, shared memory, worker registration
+ *	  obx.c		module entry, GUCs, shared memory
+ *	  worker.c	the base of both workers: registration, start-up, reload,
+ *				the wait, steps and kept plans, housekeeping (worker.h)
+ *	  turns.c	the claim-turn protocol: wake-up, changes, async commits,
+ *				turns (turns.h)
  *	  relay.c	the relay worker's main loop
  *	  outbox.c	every SQL statement the relay runs against the outbox
  *	  kafka.c	everything librdkafka (no transaction calls in it)
@@ -158,7 +162,7 @@ typedef struct ObxShared
 	/*
 	 * When the latest claim of any relay worker started, or 0 if it took
 	 * a full batch: the workers' turns under obx.claim_gap (see
-	 * take_turn in relay.c).
+	 * obx_turn_take in turns.c).
 	 */
 	pg_atomic_uint64 last_claim_at;
 	ObxWorkerSlot workers[OBX_MAX_WORKERS];
@@ -232,28 +236,7 @@ typedef struct ObxBatch
 						   * or 0 if none waits for a retry */
 } ObxBatch;
 
-/* obx.c */
-extern void obx_wake_workers(void);
-extern void obx_async_commit_starting(void);
-extern void obx_async_commit_done(XLogRecPtr commit_end);
-extern bool obx_async_commits_settled(XLogRecPtr *commit_end);
-extern void obx_note_change(void);
-extern uint64 obx_changes(void);
-extern void obx_claimed_changes(uint64 changes);
-extern bool obx_claim_pointless(void);
-
-/* relay.c */
-extern PGDLLEXPORT void obx_relay_main(Datum main_arg);
-
-/* outbox.c: the short-transaction steps shared with inbox.c */
-struct _SPI_plan;
-extern MemoryContext obx_step_begin(const char *activity);
-extern void obx_step_end(MemoryContext caller);
-extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argtypes);
-extern void obx_worker_pin_settings(void);
-
 /* outbox.c: each call is one short transaction of its own */
-extern bool obx_extension_exists(void);
 extern bool obx_outbox_claim(ObxBatch *batch, int worker, bool force);
 extern int obx_outbox_record(ObxBatch *batch);
 extern int obx_outbox_renew(ObxBatch *batch);
@@ -343,9 +326,6 @@ typedef enum ObxInboxResult
 	OBX_INBOX_RETRY        /* transient: rolled back, offset must not move */
 } ObxInboxResult;
 
-/* consumer.c */
-extern PGDLLEXPORT void obx_consumer_main(Datum main_arg);
-
 /*
  * A handler runs at most this long unless its subscription says otherwise
  * (options.handler_timeout_ms).
@@ -375,5 +355,12 @@ extern void obx_status_batch_done(int worker, int published, int failed,
 								  const char *error);
 extern void obx_status_error(int worker, const char *error);
 extern bool obx_log_allowed(const char *what, int64 *suppressed);
+
+/*
+ * Until the header split is finished, every file including obx.h sees the
+ * worker base and the claim-turn protocol too.
+ */
+#include "turns.h"
+#include "worker.h"
 
 #endif /* OBX_H */

@@ -206,108 +206,6 @@ static const char *renew_sql =
 	"   SET until = pg_catalog.now() + pg_catalog.make_interval(secs => $2)"
 	" WHERE l.lease_id = $1";
 
-/*
- * obx_step_begin
- *		Start a short transaction with SPI connected and a snapshot pushed;
- *		returns the memory context the caller was in, for results that must
- *		outlive the transaction.  Used by the relay and the consumer alike.
- */
-MemoryContext
-obx_step_begin(const char *activity)
-{
-	MemoryContext caller = CurrentMemoryContext;
-
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "obx could not connect to SPI");
-	PushActiveSnapshot(GetTransactionSnapshot());
-	pgstat_report_activity(STATE_RUNNING, activity);
-	return caller;
-}
-
-/*
- * obx_step_end
- *		Commit the step's transaction and go back to the caller's context.
- */
-void
-obx_step_end(MemoryContext caller)
-{
-	SPI_finish();
-	PopActiveSnapshot();
-	CommitTransactionCommand();
-	pgstat_report_stat(false);
-	pgstat_report_activity(STATE_IDLE, NULL);
-	MemoryContextSwitchTo(caller);
-}
-
-/*
- * obx_worker_pin_settings
- *		Fix, for the life of the worker, every setting its own statements
- *		depend on, whatever the database's or the role's defaults say.
- *
- * Called right after the worker connects, before it runs any statement.
- * The values are set at PGC_S_OVERRIDE, above the database- and role-level
- * settings (ALTER DATABASE/ROLE ... SET) and the configuration file, and
- * they become the reset values too: a reload leaves them, and RESET
- * returns to them.  A handler cannot change them either: it runs inside a
- * GUC nest level that is unwound afterwards (see obx_call_handler).
- *
- * search_path: obx's statements name obx's objects with their schema and
- * PostgreSQL's functions with pg_catalog; with only pg_catalog and pg_temp
- * on the path, no function, operator or type of another schema can be
- * picked instead (pg_temp is never searched for functions or operators).
- * The rest keeps each step a short, writable read-committed transaction
- * that no timeout of the database's choosing can cut short: a claim or a
- * record step cancelled after Kafka acknowledged its events means a
- * re-send, and a read-only default would stop the relay entirely.
- */
-void
-obx_worker_pin_settings(void)
-{
-	static const char *const pinned[][2] = {
-		{"search_path", "pg_catalog, pg_temp"},
-		{"default_transaction_read_only", "off"},
-		{"default_transaction_isolation", "read committed"},
-		{"default_transaction_deferrable", "off"},
-		{"statement_timeout", "0"},
-		{"lock_timeout", "0"},
-		{"idle_in_transaction_session_timeout", "0"},
-		{"idle_session_timeout", "0"},
-		{"session_replication_role", "origin"},
-		{"transform_null_equals", "off"},
-		{"standard_conforming_strings", "on"},
-		{"synchronous_commit", "on"},
-	};
-	int i;
-
-	for (i = 0; i < lengthof(pinned); i++)
-		SetConfigOption(pinned[i][0], pinned[i][1], PGC_SUSET, PGC_S_OVERRIDE);
-}
-
-/* Prepare a statement once for the life of the worker, with these options. */
-static SPIPlanPtr
-prepare_kept(const char *sql, int nargs, Oid *argtypes, int cursor_options)
-{
-	SPIPlanPtr plan = SPI_prepare_cursor(sql, nargs, argtypes, cursor_options);
-
-	if (plan == NULL)
-		elog(ERROR, "obx could not prepare a statement: %s",
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
-/*
- * obx_prepare_kept
- *		Prepare a statement once for the life of the worker.
- */
-SPIPlanPtr
-obx_prepare_kept(const char *sql, int nargs, Oid *argtypes)
-{
-	return prepare_kept(sql, nargs, argtypes, 0);
-}
-
 static void
 prepare_plans(void)
 {
@@ -337,7 +235,7 @@ prepare_plans(void)
 		 * other statements keep PostgreSQL's choice: the record's join,
 		 * for one, is planned from the number of events it marks.
 		 */
-		claim_plan = prepare_kept(claim_sql, 2, types, CURSOR_OPT_GENERIC_PLAN);
+		claim_plan = obx_prepare_kept_generic(claim_sql, 2, types);
 		lease_plan = obx_prepare_kept(lease_sql, 6, lease_types);
 	}
 	{
@@ -369,26 +267,6 @@ prepare_plans(void)
 
 		renew_plan = obx_prepare_kept(renew_sql, 2, types);
 	}
-}
-
-/*
- * obx_extension_exists
- *		Whether CREATE EXTENSION obx has been run in this database.
- */
-bool
-obx_extension_exists(void)
-{
-	MemoryContext caller = obx_step_begin("obx: checking for the extension");
-	bool exists;
-	int rc;
-
-	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'obx'",
-					 true, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "obx extension check failed: %s", SPI_result_code_string(rc));
-	exists = (SPI_processed == 1);
-	obx_step_end(caller);
-	return exists;
 }
 
 static char *
