@@ -7,7 +7,7 @@
 
 MODULE_big = obx
 OBJS = src/obx.o src/worker.o src/turns.o src/enqueue.o src/outbox.o src/kafka.o src/relay.o src/status.o \
-	src/consumer.o src/inbox.o src/kafka_conf.o src/consumer_sql.o
+	src/consumer.o src/consumer_group.o src/inbox.o src/kafka_conf.o src/consumer_sql.o
 EXTENSION = obx
 DATA = obx--1.0.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"

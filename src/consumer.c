@@ -29,7 +29,9 @@
  * worker base's kept wait set, see worker.c).
  *
  * Several consumer workers serve every subscription; their consumers join
- * the same group, so the partitions are shared among them.
+ * the same group, so the partitions are shared among them.  The consumers
+ * themselves (built, refreshed, closed) are consumer_group.c's; this file
+ * is the worker's loop and what it does with each message.
  *
  *-------------------------------------------------------------------------
  */
@@ -47,6 +49,7 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "consumer_group.h"
 #include "worker.h"
 
 /* Messages handled per consumer before the others get a turn. */
@@ -65,18 +68,6 @@ typedef struct HeldPartition
 	struct HeldPartition *next;
 } HeldPartition;
 
-typedef struct Consumer
-{
-	ObxSubscription sub; /* copied into cxt */
-	MemoryContext cxt;
-	rd_kafka_t *rk;
-	rd_kafka_queue_t *queue;
-	HeldPartition *held;
-	TimestampTz next_watermarks;
-	int64 watermarks_sum; /* of the last recorded watermarks */
-	struct Consumer *next;
-} Consumer;
-
 /*
  * Everything the consumer worker keeps between two passes of its loop.
  */
@@ -85,320 +76,14 @@ typedef struct ConsumerState
 	ObxWorker w;
 	MemoryContext scratch; /* reset every pass */
 	MemoryContext msg_cxt; /* reset after every message */
-	Consumer *consumers;   /* one per subscription */
-	int pipefd[2];         /* every consumer queue signals on state.pipefd[1] */
+	int pipefd[2];         /* every consumer queue signals on pipefd[1] */
 	TimestampTz next_refresh;
 } ConsumerState;
 
 static ConsumerState state = {.pipefd = {-1, -1}};
 
-/*
- * Log a Kafka error of a consumer at most once a minute per distinct
- * message (obx_log_allowed), since librdkafka repeats connection errors
- * while brokers are down; the next line logged says how many were not.
- */
-static void
-note_kafka_error(Consumer *c, const char *what)
-{
-	int64 suppressed;
-
-	if (!obx_log_allowed(psprintf("kafka|%s|%s", c->sub.name, what), &suppressed))
-		return;
-	if (suppressed > 0)
-		ereport(WARNING,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("obx consumer %d, consumer group \"%s\": Kafka error: %s",
-						state.w.number, c->sub.name, what),
-				 errdetail("%lld more like it since the last one logged.",
-						   (long long) suppressed)));
-	else
-		ereport(WARNING,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("obx consumer %d, consumer group \"%s\": Kafka error: %s",
-						state.w.number, c->sub.name, what)));
-}
-
-static void
-consumer_error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
-{
-	Consumer *c = (Consumer *) opaque;
-
-	note_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(err), reason));
-}
-
-/*
- * Build and subscribe the Kafka consumer of a subscription.  Returns false
- * with a message when librdkafka rejects the configuration.
- */
-static bool
-start_kafka_consumer(Consumer *c, char *errbuf, size_t errlen)
-{
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	rd_kafka_topic_partition_list_t *topics;
-	rd_kafka_resp_err_t err;
-	int i;
-
-	/*
-	 * Never apply a property a subscription may not set, whatever the row
-	 * says (obx.subscribe refuses them; see kafka_conf.c).
-	 */
-	for (i = 0; i < c->sub.nkafka; i++)
-		if (!obx_kafka_subscription_property_allowed(c->sub.kafka_names[i]))
-		{
-			snprintf(errbuf, errlen,
-					 "Kafka property \"%s\" cannot be set by an obx subscription",
-					 c->sub.kafka_names[i]);
-			rd_kafka_conf_destroy(conf);
-			return false;
-		}
-
-	/*
-	 * obx's defaults first, then obx.kafka_properties and
-	 * obx.kafka_properties_file, then the subscription's own; the settings
-	 * the guarantees rest on last.
-	 */
-	if (!obx_kafka_set(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
-		!obx_kafka_set(conf, "client.id", "obx-consumer", errbuf, errlen) ||
-		!obx_kafka_set(conf, "auto.offset.reset", c->sub.start, errbuf, errlen) ||
-		!obx_kafka_set(conf, "auto.commit.interval.ms", "1000", errbuf, errlen) ||
-		!obx_kafka_set(conf, "session.timeout.ms", "10000", errbuf, errlen) ||
-		!obx_kafka_set(conf, "topic.metadata.refresh.interval.ms", "10000", errbuf, errlen) ||
-		!obx_kafka_user_properties(conf, errbuf, errlen))
-		goto fail;
-	for (i = 0; i < c->sub.nkafka; i++)
-		if (!obx_kafka_set(conf, c->sub.kafka_names[i], c->sub.kafka_values[i],
-						   errbuf, errlen))
-			goto fail;
-	if (!obx_kafka_set(conf, "group.id", c->sub.name, errbuf, errlen) ||
-		!obx_kafka_set(conf, "enable.auto.offset.store", "false", errbuf, errlen) ||
-		!obx_kafka_set(conf, "enable.partition.eof", "false", errbuf, errlen))
-		goto fail;
-
-	rd_kafka_conf_set_opaque(conf, c);
-	rd_kafka_conf_set_error_cb(conf, consumer_error_callback);
-
-	c->rk = obx_kafka_new(RD_KAFKA_CONSUMER, conf, errbuf, errlen);
-	if (c->rk == NULL)
-		goto fail;
-
-	/* Logs, errors and messages all arrive through the consumer queue. */
-	rd_kafka_poll_set_consumer(c->rk);
-	c->queue = rd_kafka_queue_get_consumer(c->rk);
-	rd_kafka_queue_io_event_enable(c->queue, state.pipefd[1], "1", 1);
-
-	topics = rd_kafka_topic_partition_list_new(c->sub.ntopics);
-	for (i = 0; i < c->sub.ntopics; i++)
-		rd_kafka_topic_partition_list_add(topics, c->sub.topics[i],
-										  RD_KAFKA_PARTITION_UA);
-	err = rd_kafka_subscribe(c->rk, topics);
-	rd_kafka_topic_partition_list_destroy(topics);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-	{
-		snprintf(errbuf, errlen, "could not subscribe: %s", rd_kafka_err2str(err));
-		return false;
-	}
-	return true;
-
-fail:
-	if (c->rk == NULL)
-		rd_kafka_conf_destroy(conf);
-	return false;
-}
-
-/*
- * Leave the group, committing the stored offsets, for at most
- * obx.shutdown_timeout; then free the handle whatever state it is in.
- */
-static void
-stop_kafka_consumer(Consumer *c)
-{
-	if (c->rk == NULL)
-		return;
-	if (c->queue != NULL)
-	{
-		rd_kafka_queue_io_event_enable(c->queue, -1, NULL, 0);
-		rd_kafka_queue_destroy(c->queue);
-		c->queue = NULL;
-	}
-	{
-		rd_kafka_queue_t *q = rd_kafka_queue_new(c->rk);
-		rd_kafka_error_t *error = rd_kafka_consumer_close_queue(c->rk, q);
-		TimestampTz give_up = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														  obx_shutdown_timeout_ms);
-
-		if (error != NULL)
-			rd_kafka_error_destroy(error);
-		else
-			while (!rd_kafka_consumer_closed(c->rk) &&
-				   GetCurrentTimestamp() < give_up)
-			{
-				rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 100);
-
-				if (ev != NULL)
-					rd_kafka_event_destroy(ev);
-			}
-		rd_kafka_queue_destroy(q);
-	}
-	rd_kafka_destroy_flags(c->rk, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
-	c->rk = NULL;
-}
-
-static void
-drop_consumer(Consumer *c)
-{
-	stop_kafka_consumer(c);
-	MemoryContextDelete(c->cxt);
-	pfree(c);
-}
-
-static char **
-copy_strings(char **src, int n)
-{
-	char **dst = palloc(sizeof(char *) * Max(n, 1));
-	int i;
-
-	for (i = 0; i < n; i++)
-		dst[i] = pstrdup(src[i]);
-	return dst;
-}
-
-static Consumer *
-new_consumer(const ObxSubscription *sub)
-{
-	MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer",
-											  ALLOCSET_SMALL_SIZES);
-	MemoryContext old = MemoryContextSwitchTo(cxt);
-	Consumer *c = MemoryContextAllocZero(TopMemoryContext, sizeof(Consumer));
-	char errbuf[512];
-
-	c->cxt = cxt;
-	c->sub = *sub;
-	c->sub.name = pstrdup(sub->name);
-	c->sub.topics = copy_strings(sub->topics, sub->ntopics);
-	c->sub.start = pstrdup(sub->start);
-	c->sub.kafka_names = copy_strings(sub->kafka_names, sub->nkafka);
-	c->sub.kafka_values = copy_strings(sub->kafka_values, sub->nkafka);
-	c->sub.retry_sqlstates = palloc(sizeof(int) * Max(sub->nretry, 1));
-	memcpy(c->sub.retry_sqlstates, sub->retry_sqlstates, sizeof(int) * sub->nretry);
-	c->sub.signature = pstrdup(sub->signature);
-	MemoryContextSwitchTo(old);
-
-	if (!start_kafka_consumer(c, errbuf, sizeof(errbuf)))
-	{
-		ereport(WARNING,
-				(errcode(ERRCODE_CONFIG_FILE_ERROR),
-				 errmsg("obx consumer %d could not start the Kafka consumer of subscription \"%s\": %s",
-						state.w.number, sub->name, errbuf),
-				 errhint("Check obx.brokers, obx.kafka_properties and the subscription's options; "
-						 "obx tries again when they change.")));
-		stop_kafka_consumer(c);
-	}
-	else
-		ereport(LOG,
-				(errmsg("obx consumer %d joined consumer group \"%s\"",
-						state.w.number, sub->name)));
-	return c;
-}
-
-/*
- * A subscription the workers cannot serve: its owner or handler is gone, or
- * the row holds what obx.subscribe refuses.  Kept as a consumer without a
- * Kafka handle, so that it is skipped, and said so, once per change of the
- * subscription.  obx.consumers shows the problem too.
- */
-static Consumer *
-skipped_consumer(const ObxSubscription *sub)
-{
-	Consumer *c = MemoryContextAllocZero(TopMemoryContext, sizeof(Consumer));
-
-	c->cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer",
-								   ALLOCSET_SMALL_SIZES);
-	c->sub.name = MemoryContextStrdup(c->cxt, sub->name);
-	c->sub.signature = MemoryContextStrdup(c->cxt, sub->signature);
-	ereport(WARNING,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("obx subscription \"%s\" is not consumed: %s",
-					sub->name, sub->problem),
-			 errhint(sub->handler_missing
-						 ? "Create the function again, or call obx.subscribe with a new handler."
-						 : "Fix it with obx.subscribe, or remove it with obx.unsubscribe; obx.consumers shows the problem.")));
-	return c;
-}
-
-/*
- * Bring the consumers in line with obx.subscriptions: start the new ones,
- * restart the changed ones, stop the removed ones.
- */
-static void
-refresh_subscriptions(void)
-{
-	MemoryContext old = MemoryContextSwitchTo(state.scratch);
-	int n;
-	ObxSubscription *subs = obx_inbox_subscriptions(&n);
-	Consumer *kept = NULL;
-	Consumer *c;
-	int i;
-
-	MemoryContextSwitchTo(old);
-
-	/* Stop what is gone or changed. */
-	while ((c = state.consumers) != NULL)
-	{
-		bool found = false;
-
-		state.consumers = c->next;
-		for (i = 0; i < n; i++)
-			if (strcmp(subs[i].name, c->sub.name) == 0 &&
-				strcmp(subs[i].signature, c->sub.signature) == 0)
-				found = true;
-		if (found)
-		{
-			c->next = kept;
-			kept = c;
-		}
-		else
-		{
-			ereport(LOG,
-					(errmsg("obx consumer %d left consumer group \"%s\"",
-							state.w.number, c->sub.name)));
-			drop_consumer(c);
-		}
-	}
-	state.consumers = kept;
-
-	for (i = 0; i < n; i++)
-	{
-		bool running = false;
-
-		for (c = state.consumers; c != NULL; c = c->next)
-			if (strcmp(subs[i].name, c->sub.name) == 0)
-				running = true;
-		if (running)
-			continue;
-		if (subs[i].problem != NULL)
-			c = skipped_consumer(&subs[i]);
-		else
-			c = new_consumer(&subs[i]);
-		c->next = state.consumers;
-		state.consumers = c;
-	}
-	MemoryContextReset(state.scratch);
-}
-
-static void
-stop_all(void)
-{
-	Consumer *c;
-
-	while ((c = state.consumers) != NULL)
-	{
-		state.consumers = c->next;
-		drop_consumer(c);
-	}
-}
-
 static HeldPartition *
-find_held(Consumer *c, const char *topic, int32 partition)
+find_held(ObxConsumer *c, const char *topic, int32 partition)
 {
 	HeldPartition *h;
 
@@ -409,7 +94,7 @@ find_held(Consumer *c, const char *topic, int32 partition)
 }
 
 static void
-release_held(Consumer *c, HeldPartition *h)
+release_held(ObxConsumer *c, HeldPartition *h)
 {
 	HeldPartition **p;
 
@@ -437,7 +122,7 @@ one_partition(const char *topic, int32 partition, int64 offset)
  * that must come next.
  */
 static void
-hold_back(Consumer *c, HeldPartition *h)
+hold_back(ObxConsumer *c, HeldPartition *h)
 {
 	rd_kafka_topic_partition_list_t *list = one_partition(h->topic, h->partition,
 														  h->offset);
@@ -472,7 +157,7 @@ backoff_ms(int attempts)
 
 /* Resume the held partitions whose backoff has passed. */
 static void
-resume_due(Consumer *c, TimestampTz now)
+resume_due(ObxConsumer *c, TimestampTz now)
 {
 	HeldPartition *h;
 
@@ -490,7 +175,7 @@ resume_due(Consumer *c, TimestampTz now)
 }
 
 static void
-store_offset(Consumer *c, const rd_kafka_message_t *m)
+store_offset(ObxConsumer *c, const rd_kafka_message_t *m)
 {
 	rd_kafka_topic_partition_list_t *list = one_partition(rd_kafka_topic_name(m->rkt),
 														  m->partition,
@@ -510,7 +195,7 @@ store_offset(Consumer *c, const rd_kafka_message_t *m)
  * (per-message) context.
  */
 static void
-inbound_message(Consumer *c, rd_kafka_message_t *m, ObxInbound *in)
+inbound_message(ObxConsumer *c, rd_kafka_message_t *m, ObxInbound *in)
 {
 	rd_kafka_headers_t *hdrs = NULL;
 	rd_kafka_timestamp_type_t tstype;
@@ -559,7 +244,7 @@ inbound_message(Consumer *c, rd_kafka_message_t *m, ObxInbound *in)
  * partition) for a backoff, with its position on the message.
  */
 static void
-hold_for_retry(Consumer *c, HeldPartition *h, const ObxInbound *in,
+hold_for_retry(ObxConsumer *c, HeldPartition *h, const ObxInbound *in,
 			   const char *error)
 {
 	if (h == NULL)
@@ -587,7 +272,7 @@ hold_for_retry(Consumer *c, HeldPartition *h, const ObxInbound *in,
  * dropping it loses nothing, and the held message must come first.
  */
 static void
-handle_message(Consumer *c, rd_kafka_message_t *m)
+handle_message(ObxConsumer *c, rd_kafka_message_t *m)
 {
 	HeldPartition *h = find_held(c, rd_kafka_topic_name(m->rkt), m->partition);
 	ObxInbound in;
@@ -621,7 +306,7 @@ handle_message(Consumer *c, rd_kafka_message_t *m)
  * librdkafka's cache, no network round trip) when they have changed.
  */
 static void
-record_watermarks(Consumer *c, TimestampTz now)
+record_watermarks(ObxConsumer *c, TimestampTz now)
 {
 	rd_kafka_topic_partition_list_t *assigned = NULL;
 	char **topics;
@@ -667,7 +352,7 @@ record_watermarks(Consumer *c, TimestampTz now)
 
 /* Poll one message of c and serve it; false if there was none. */
 static bool
-serve_one(Consumer *c)
+serve_one(ObxConsumer *c)
 {
 	rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 0);
 	MemoryContext old;
@@ -678,8 +363,8 @@ serve_one(Consumer *c)
 	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		handle_message(c, m);
 	else
-		note_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
-									 rd_kafka_message_errstr(m)));
+		obx_consumer_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
+											 rd_kafka_message_errstr(m)));
 	rd_kafka_message_destroy(m);
 	MemoryContextSwitchTo(old);
 	MemoryContextReset(state.msg_cxt);
@@ -695,10 +380,10 @@ static int
 serve_consumers(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	Consumer *c;
+	ObxConsumer *c;
 	int served = 0;
 
-	for (c = state.consumers; c != NULL && !ShutdownRequestPending; c = c->next)
+	for (c = obx_consumers(); c != NULL && !ShutdownRequestPending; c = c->next)
 	{
 		int i;
 
@@ -720,10 +405,10 @@ serve_consumers(void)
 static long
 next_wakeup_ms(long timeout_ms)
 {
-	Consumer *c;
+	ObxConsumer *c;
 	HeldPartition *h;
 
-	for (c = state.consumers; c != NULL; c = c->next)
+	for (c = obx_consumers(); c != NULL; c = c->next)
 		for (h = c->held; h != NULL; h = h->next)
 			if (h->resume_at != 0)
 				timeout_ms = Min(timeout_ms, obx_ms_until(h->resume_at));
@@ -750,7 +435,7 @@ consumer_reload(void)
 	ereport(LOG,
 			(errmsg("obx consumer %d: Kafka settings changed, restarting its consumers",
 					state.w.number)));
-	stop_all();
+	obx_consumers_stop_all();
 }
 
 /*
@@ -768,11 +453,11 @@ subscriptions_ready(void)
 	state.next_refresh = TimestampTzPlusMilliseconds(now, obx_poll_interval_ms);
 	if (!obx_worker_extension_ready(&state.w))
 	{
-		stop_all();
+		obx_consumers_stop_all();
 		wait_for_messages(obx_poll_interval_ms);
 		return false;
 	}
-	refresh_subscriptions();
+	obx_consumers_refresh(state.scratch);
 	return true;
 }
 
@@ -791,6 +476,7 @@ consumer_start(Datum main_arg)
 		fcntl(state.pipefd[1], F_SETFL, O_NONBLOCK) != 0)
 		elog(ERROR, "obx consumer could not create a pipe: %m");
 	obx_worker_watch_fd(&state.w, state.pipefd[0]);
+	obx_consumers_init(state.w.number, state.pipefd[1]);
 
 	state.scratch = AllocSetContextCreate(TopMemoryContext, "obx consumer loop",
 										  ALLOCSET_DEFAULT_SIZES);
@@ -817,7 +503,7 @@ obx_consumer_main(Datum main_arg)
 
 		if (RecoveryInProgress())
 		{
-			stop_all();
+			obx_consumers_stop_all();
 			wait_for_messages(obx_poll_interval_ms);
 			continue;
 		}
@@ -829,6 +515,6 @@ obx_consumer_main(Datum main_arg)
 												 OBX_WATERMARK_INTERVAL_MS)));
 	}
 
-	stop_all();
+	obx_consumers_stop_all();
 	obx_worker_exit(&state.w);
 }

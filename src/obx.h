@@ -16,7 +16,10 @@
  *	  kafka.c	everything librdkafka (no transaction calls in it)
  *	  enqueue.c	SQL-callable functions: enqueue and the commit wake-up
  *	  status.c	worker status in shared memory and its SQL view
- *	  consumer.c	the consumer worker: subscriptions, librdkafka consumers
+ *	  consumer.c	the consumer worker's loop: messages, held partitions,
+ *				offsets
+ *	  consumer_group.c	its Kafka consumers, one per subscription
+ *				(consumer_group.h)
  *	  inbox.c	every statement the consumer runs: one transaction per message;
  *				every handler call (obx_call_handler, obx._replay_handler)
  *	  kafka_conf.c	who may set which librdkafka property; the properties file
