@@ -50,8 +50,9 @@ obx_consumers(void)
 /*
  * obx_consumer_kafka_error
  *		Log a Kafka error of a consumer at most once a minute per distinct
- * message (obx_log_allowed), since librdkafka repeats connection errors
- * while brokers are down; the next line logged says how many were not.
+ *		message (obx_log_allowed), since librdkafka repeats connection
+ *		errors while brokers are down; the next line logged says how many
+ *		were not.
  */
 void
 obx_consumer_kafka_error(ObxConsumer *c, const char *what)
