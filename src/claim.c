@@ -145,24 +145,10 @@ typedef struct ClaimLease
 static volatile sig_atomic_t sync_wait_interrupted = false;
 
 /*
- * The claim gets a generic plan: planning it costs about as much as running
- * it on a small batch, and its plan is the same whatever the parameters
+ * The claim's plan is generic: it is the same whatever the parameters
  * (blocked keys hashed, the pending index walked in seq order up to the
- * batch size).  It is still rebuilt when the outbox's statistics change.
+ * batch size), and is still rebuilt when the outbox's statistics change.
  */
-static SPIPlanPtr
-prepare_generic(const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr plan = SPI_prepare_cursor(sql, nargs, argtypes,
-										 CURSOR_OPT_GENERIC_PLAN);
-
-	if (plan == NULL)
-		elog(ERROR, "obx could not prepare a statement: %s",
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
 static void
 claim_prepare_plans(void)
 {
@@ -175,7 +161,7 @@ claim_prepare_plans(void)
 		return;
 	claim_start_plan = obx_prepare_kept(claim_start_sql, 2, start_types);
 	expire_plan = obx_prepare_kept(expire_sql, 0, NULL);
-	claim_plan = prepare_generic(claim_sql, 2, claim_types);
+	claim_plan = obx_prepare_kept_generic(claim_sql, 2, claim_types);
 	lease_plan = obx_prepare_kept(lease_sql, 6, lease_types);
 }
 

@@ -25,10 +25,13 @@
  * are blocked while a handle is created, logs go through the consumer's
  * queue, and callbacks run only inside rd_kafka_consumer_poll() on the
  * worker's thread.  Each consumer queue writes a byte to one pipe when it
- * becomes non-empty; the worker waits on that pipe and its latch.
+ * becomes non-empty; the worker waits on that pipe and its latch (the
+ * worker base's kept wait set, see worker.c).
  *
  * Several consumer workers serve every subscription; their consumers join
- * the same group, so the partitions are shared among them.
+ * the same group, so the partitions are shared among them.  The consumers
+ * themselves (built, refreshed, closed) are consumer_group.c's; this file
+ * is the worker's loop and what it does with each message.
  *
  *-------------------------------------------------------------------------
  */
@@ -41,17 +44,13 @@
 
 #include "access/xlog.h"
 #include "miscadmin.h"
-#include "pgstat.h"
-#include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
-#include "storage/ipc.h"
-#include "storage/latch.h"
-#include "tcop/tcopprot.h"
-#include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "consumer_group.h"
+#include "worker.h"
 
 /* Messages handled per consumer before the others get a turn. */
 #define OBX_CONSUMER_FAIRNESS     200
@@ -69,331 +68,22 @@ typedef struct HeldPartition
 	struct HeldPartition *next;
 } HeldPartition;
 
-typedef struct Consumer
-{
-	ObxSubscription sub; /* copied into cxt */
-	MemoryContext cxt;
-	rd_kafka_t *rk;
-	rd_kafka_queue_t *queue;
-	HeldPartition *held;
-	TimestampTz next_watermarks;
-	int64 watermarks_sum; /* of the last recorded watermarks */
-	struct Consumer *next;
-} Consumer;
-
-static int my_worker = -1;
-static const char *my_database = NULL;
-static Consumer *consumers = NULL;
-static int pipefd[2] = {-1, -1};
-static char *kafka_settings_seen = NULL;
-
-static char *
-kafka_settings(void)
-{
-	return psprintf("%s|%s|%s", obx_brokers, obx_kafka_properties,
-					obx_kafka_file_signature());
-}
-
 /*
- * Log a Kafka error of a consumer at most once a minute per distinct
- * message (obx_log_allowed), since librdkafka repeats connection errors
- * while brokers are down; the next line logged says how many were not.
+ * Everything the consumer worker keeps between two passes of its loop.
  */
-static void
-note_kafka_error(Consumer *c, const char *what)
+typedef struct ConsumerState
 {
-	int64 suppressed;
+	ObxWorker w;
+	MemoryContext scratch; /* reset every pass */
+	MemoryContext msg_cxt; /* reset after every message */
+	int pipefd[2];         /* every consumer queue signals on pipefd[1] */
+	TimestampTz next_refresh;
+} ConsumerState;
 
-	if (!obx_log_allowed(psprintf("kafka|%s|%s", c->sub.name, what), &suppressed))
-		return;
-	if (suppressed > 0)
-		ereport(WARNING,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("obx consumer %d, consumer group \"%s\": Kafka error: %s",
-						my_worker, c->sub.name, what),
-				 errdetail("%lld more like it since the last one logged.",
-						   (long long) suppressed)));
-	else
-		ereport(WARNING,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("obx consumer %d, consumer group \"%s\": Kafka error: %s",
-						my_worker, c->sub.name, what)));
-}
-
-static void
-consumer_error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
-{
-	Consumer *c = (Consumer *) opaque;
-
-	note_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(err), reason));
-}
-
-/*
- * Build and subscribe the Kafka consumer of a subscription.  Returns false
- * with a message when librdkafka rejects the configuration.
- */
-static bool
-start_kafka_consumer(Consumer *c, char *errbuf, size_t errlen)
-{
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	rd_kafka_topic_partition_list_t *topics;
-	rd_kafka_resp_err_t err;
-	int i;
-
-	/*
-	 * Never apply a property a subscription may not set, whatever the row
-	 * says (obx.subscribe refuses them; see kafka_conf.c).
-	 */
-	for (i = 0; i < c->sub.nkafka; i++)
-		if (!obx_kafka_subscription_property_allowed(c->sub.kafka_names[i]))
-		{
-			snprintf(errbuf, errlen,
-					 "Kafka property \"%s\" cannot be set by an obx subscription",
-					 c->sub.kafka_names[i]);
-			rd_kafka_conf_destroy(conf);
-			return false;
-		}
-
-	/*
-	 * obx's defaults first, then obx.kafka_properties and
-	 * obx.kafka_properties_file, then the subscription's own; the settings
-	 * the guarantees rest on last.
-	 */
-	if (!obx_kafka_set(conf, "bootstrap.servers", obx_brokers, errbuf, errlen) ||
-		!obx_kafka_set(conf, "client.id", "obx-consumer", errbuf, errlen) ||
-		!obx_kafka_set(conf, "auto.offset.reset", c->sub.start, errbuf, errlen) ||
-		!obx_kafka_set(conf, "auto.commit.interval.ms", "1000", errbuf, errlen) ||
-		!obx_kafka_set(conf, "session.timeout.ms", "10000", errbuf, errlen) ||
-		!obx_kafka_set(conf, "topic.metadata.refresh.interval.ms", "10000", errbuf, errlen) ||
-		!obx_kafka_user_properties(conf, errbuf, errlen))
-		goto fail;
-	for (i = 0; i < c->sub.nkafka; i++)
-		if (!obx_kafka_set(conf, c->sub.kafka_names[i], c->sub.kafka_values[i],
-						   errbuf, errlen))
-			goto fail;
-	if (!obx_kafka_set(conf, "group.id", c->sub.name, errbuf, errlen) ||
-		!obx_kafka_set(conf, "enable.auto.offset.store", "false", errbuf, errlen) ||
-		!obx_kafka_set(conf, "enable.partition.eof", "false", errbuf, errlen))
-		goto fail;
-
-	rd_kafka_conf_set_opaque(conf, c);
-	rd_kafka_conf_set_error_cb(conf, consumer_error_callback);
-
-	c->rk = obx_kafka_new(RD_KAFKA_CONSUMER, conf, errbuf, errlen);
-	if (c->rk == NULL)
-		goto fail;
-
-	/* Logs, errors and messages all arrive through the consumer queue. */
-	rd_kafka_poll_set_consumer(c->rk);
-	c->queue = rd_kafka_queue_get_consumer(c->rk);
-	rd_kafka_queue_io_event_enable(c->queue, pipefd[1], "1", 1);
-
-	topics = rd_kafka_topic_partition_list_new(c->sub.ntopics);
-	for (i = 0; i < c->sub.ntopics; i++)
-		rd_kafka_topic_partition_list_add(topics, c->sub.topics[i],
-										  RD_KAFKA_PARTITION_UA);
-	err = rd_kafka_subscribe(c->rk, topics);
-	rd_kafka_topic_partition_list_destroy(topics);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-	{
-		snprintf(errbuf, errlen, "could not subscribe: %s", rd_kafka_err2str(err));
-		return false;
-	}
-	return true;
-
-fail:
-	if (c->rk == NULL)
-		rd_kafka_conf_destroy(conf);
-	return false;
-}
-
-/*
- * Leave the group, committing the stored offsets, for at most
- * obx.shutdown_timeout; then free the handle whatever state it is in.
- */
-static void
-stop_kafka_consumer(Consumer *c)
-{
-	if (c->rk == NULL)
-		return;
-	if (c->queue != NULL)
-	{
-		rd_kafka_queue_io_event_enable(c->queue, -1, NULL, 0);
-		rd_kafka_queue_destroy(c->queue);
-		c->queue = NULL;
-	}
-	{
-		rd_kafka_queue_t *q = rd_kafka_queue_new(c->rk);
-		rd_kafka_error_t *error = rd_kafka_consumer_close_queue(c->rk, q);
-		TimestampTz give_up = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														  obx_shutdown_timeout_ms);
-
-		if (error != NULL)
-			rd_kafka_error_destroy(error);
-		else
-			while (!rd_kafka_consumer_closed(c->rk) &&
-				   GetCurrentTimestamp() < give_up)
-			{
-				rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 100);
-
-				if (ev != NULL)
-					rd_kafka_event_destroy(ev);
-			}
-		rd_kafka_queue_destroy(q);
-	}
-	rd_kafka_destroy_flags(c->rk, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
-	c->rk = NULL;
-}
-
-static void
-drop_consumer(Consumer *c)
-{
-	stop_kafka_consumer(c);
-	MemoryContextDelete(c->cxt);
-	pfree(c);
-}
-
-static char **
-copy_strings(char **src, int n)
-{
-	char **dst = palloc(sizeof(char *) * Max(n, 1));
-	int i;
-
-	for (i = 0; i < n; i++)
-		dst[i] = pstrdup(src[i]);
-	return dst;
-}
-
-static Consumer *
-new_consumer(const ObxSubscription *sub)
-{
-	MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer",
-											  ALLOCSET_SMALL_SIZES);
-	MemoryContext old = MemoryContextSwitchTo(cxt);
-	Consumer *c = MemoryContextAllocZero(TopMemoryContext, sizeof(Consumer));
-	char errbuf[512];
-
-	c->cxt = cxt;
-	c->sub = *sub;
-	c->sub.name = pstrdup(sub->name);
-	c->sub.topics = copy_strings(sub->topics, sub->ntopics);
-	c->sub.start = pstrdup(sub->start);
-	c->sub.kafka_names = copy_strings(sub->kafka_names, sub->nkafka);
-	c->sub.kafka_values = copy_strings(sub->kafka_values, sub->nkafka);
-	c->sub.retry_sqlstates = palloc(sizeof(int) * Max(sub->nretry, 1));
-	memcpy(c->sub.retry_sqlstates, sub->retry_sqlstates, sizeof(int) * sub->nretry);
-	c->sub.signature = pstrdup(sub->signature);
-	MemoryContextSwitchTo(old);
-
-	if (!start_kafka_consumer(c, errbuf, sizeof(errbuf)))
-	{
-		ereport(WARNING,
-				(errcode(ERRCODE_CONFIG_FILE_ERROR),
-				 errmsg("obx consumer %d could not start the Kafka consumer of subscription \"%s\": %s",
-						my_worker, sub->name, errbuf),
-				 errhint("Check obx.brokers, obx.kafka_properties and the subscription's options; "
-						 "obx tries again when they change.")));
-		stop_kafka_consumer(c);
-	}
-	else
-		ereport(LOG,
-				(errmsg("obx consumer %d joined consumer group \"%s\"",
-						my_worker, sub->name)));
-	return c;
-}
-
-/*
- * Bring the consumers in line with obx.subscriptions: start the new ones,
- * restart the changed ones, stop the removed ones.
- */
-static void
-refresh_subscriptions(MemoryContext scratch)
-{
-	MemoryContext old = MemoryContextSwitchTo(scratch);
-	int n;
-	ObxSubscription *subs = obx_inbox_subscriptions(&n);
-	Consumer *kept = NULL;
-	Consumer *c;
-	int i;
-
-	MemoryContextSwitchTo(old);
-
-	/* Stop what is gone or changed. */
-	while ((c = consumers) != NULL)
-	{
-		bool found = false;
-
-		consumers = c->next;
-		for (i = 0; i < n; i++)
-			if (strcmp(subs[i].name, c->sub.name) == 0 &&
-				strcmp(subs[i].signature, c->sub.signature) == 0)
-				found = true;
-		if (found)
-		{
-			c->next = kept;
-			kept = c;
-		}
-		else
-		{
-			ereport(LOG,
-					(errmsg("obx consumer %d left consumer group \"%s\"",
-							my_worker, c->sub.name)));
-			drop_consumer(c);
-		}
-	}
-	consumers = kept;
-
-	for (i = 0; i < n; i++)
-	{
-		bool running = false;
-
-		for (c = consumers; c != NULL; c = c->next)
-			if (strcmp(subs[i].name, c->sub.name) == 0)
-				running = true;
-		if (running)
-			continue;
-		if (subs[i].problem != NULL)
-		{
-			/*
-			 * Its owner or handler is gone, or the row holds what
-			 * obx.subscribe refuses: skip it, and say so once per change of
-			 * the subscription.  obx.consumers shows the problem too.
-			 */
-			c = MemoryContextAllocZero(TopMemoryContext, sizeof(Consumer));
-			c->cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer",
-										   ALLOCSET_SMALL_SIZES);
-			c->sub.name = MemoryContextStrdup(c->cxt, subs[i].name);
-			c->sub.signature = MemoryContextStrdup(c->cxt, subs[i].signature);
-			ereport(WARNING,
-					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("obx subscription \"%s\" is not consumed: %s",
-							subs[i].name, subs[i].problem),
-					 errhint(subs[i].handler_missing
-								 ? "Create the function again, or call obx.subscribe with a new handler."
-								 : "Fix it with obx.subscribe, or remove it with obx.unsubscribe; obx.consumers shows the problem.")));
-		}
-		else
-			c = new_consumer(&subs[i]);
-		c->next = consumers;
-		consumers = c;
-	}
-	MemoryContextReset(scratch);
-}
-
-static void
-stop_all(void)
-{
-	Consumer *c;
-
-	while ((c = consumers) != NULL)
-	{
-		consumers = c->next;
-		drop_consumer(c);
-	}
-}
+static ConsumerState state = {.pipefd = {-1, -1}};
 
 static HeldPartition *
-find_held(Consumer *c, const char *topic, int32 partition)
+find_held(ObxConsumer *c, const char *topic, int32 partition)
 {
 	HeldPartition *h;
 
@@ -404,7 +94,7 @@ find_held(Consumer *c, const char *topic, int32 partition)
 }
 
 static void
-release_held(Consumer *c, HeldPartition *h)
+release_held(ObxConsumer *c, HeldPartition *h)
 {
 	HeldPartition **p;
 
@@ -432,7 +122,7 @@ one_partition(const char *topic, int32 partition, int64 offset)
  * that must come next.
  */
 static void
-hold_back(Consumer *c, HeldPartition *h)
+hold_back(ObxConsumer *c, HeldPartition *h)
 {
 	rd_kafka_topic_partition_list_t *list = one_partition(h->topic, h->partition,
 														  h->offset);
@@ -448,7 +138,7 @@ hold_back(Consumer *c, HeldPartition *h)
 		 */
 		ereport(LOG,
 				(errmsg("obx consumer %d, consumer group \"%s\": could not seek topic \"%s\" partition %d to offset %lld: %s",
-						my_worker, c->sub.name, h->topic, h->partition,
+						state.w.number, c->sub.name, h->topic, h->partition,
 						(long long) h->offset, rd_kafka_error_string(error))));
 		rd_kafka_error_destroy(error);
 	}
@@ -467,7 +157,7 @@ backoff_ms(int attempts)
 
 /* Resume the held partitions whose backoff has passed. */
 static void
-resume_due(Consumer *c, TimestampTz now)
+resume_due(ObxConsumer *c, TimestampTz now)
 {
 	HeldPartition *h;
 
@@ -485,7 +175,7 @@ resume_due(Consumer *c, TimestampTz now)
 }
 
 static void
-store_offset(Consumer *c, const rd_kafka_message_t *m)
+store_offset(ObxConsumer *c, const rd_kafka_message_t *m)
 {
 	rd_kafka_topic_partition_list_t *list = one_partition(rd_kafka_topic_name(m->rkt),
 														  m->partition,
@@ -495,58 +185,43 @@ store_offset(Consumer *c, const rd_kafka_message_t *m)
 	/* Not ours any more after a rebalance: the next owner re-reads it. */
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		elog(DEBUG1, "obx consumer %d could not store an offset: %s",
-			 my_worker, rd_kafka_err2name(err));
+			 state.w.number, rd_kafka_err2name(err));
 	rd_kafka_topic_partition_list_destroy(list);
 }
 
+/*
+ * Copy what the inbox needs of a Kafka message into *in: the message stays
+ * valid until it is destroyed; header arrays are allocated in the current
+ * (per-message) context.
+ */
 static void
-handle_message(Consumer *c, rd_kafka_message_t *m)
+inbound_message(ObxConsumer *c, rd_kafka_message_t *m, ObxInbound *in)
 {
-	const char *topic = rd_kafka_topic_name(m->rkt);
-	HeldPartition *h = find_held(c, topic, m->partition);
-	ObxInbound in;
 	rd_kafka_headers_t *hdrs = NULL;
 	rd_kafka_timestamp_type_t tstype;
 	int64 ts;
-	char errbuf[512];
-	ObxInboxResult result;
 
-	if (h != NULL && (h->resume_at != 0 || m->offset > h->offset))
-	{
-		/*
-		 * Held, or a message past the held one: fetched before the seek.
-		 * Every message before the held one has been handled, so dropping
-		 * these loses nothing; the held message must come first.
-		 */
-		if (h->resume_at == 0)
-		{
-			hold_back(c, h);
-			h->resume_at = GetCurrentTimestamp();
-		}
-		return;
-	}
-
-	memset(&in, 0, sizeof(in));
-	in.sub = &c->sub;
-	in.topic = topic;
-	in.partition = m->partition;
-	in.offset = m->offset;
-	in.key = m->key;
-	in.key_len = m->key_len;
-	in.value = m->payload;
-	in.value_len = m->len;
+	memset(in, 0, sizeof(ObxInbound));
+	in->sub = &c->sub;
+	in->topic = rd_kafka_topic_name(m->rkt);
+	in->partition = m->partition;
+	in->offset = m->offset;
+	in->key = m->key;
+	in->key_len = m->key_len;
+	in->value = m->payload;
+	in->value_len = m->len;
 	ts = rd_kafka_message_timestamp(m, &tstype);
 	if (tstype != RD_KAFKA_TIMESTAMP_NOT_AVAILABLE && ts >= 0)
-		in.timestamp = (TimestampTz) ts * 1000 -
-					   ((POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * USECS_PER_SEC);
+		in->timestamp = (TimestampTz) ts * 1000 -
+						((POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * USECS_PER_SEC);
 	if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		size_t count = rd_kafka_header_cnt(hdrs);
 		size_t i;
 
-		in.header_names = palloc(sizeof(char *) * count);
-		in.header_values = palloc(sizeof(char *) * count);
-		in.header_lens = palloc(sizeof(size_t) * count);
+		in->header_names = palloc(sizeof(char *) * count);
+		in->header_values = palloc(sizeof(char *) * count);
+		in->header_lens = palloc(sizeof(size_t) * count);
 		for (i = 0; i < count; i++)
 		{
 			const char *name;
@@ -556,30 +231,67 @@ handle_message(Consumer *c, rd_kafka_message_t *m)
 			if (rd_kafka_header_get_all(hdrs, i, &name, &value, &len) !=
 				RD_KAFKA_RESP_ERR_NO_ERROR)
 				break;
-			in.header_names[i] = name;
-			in.header_values[i] = value;
-			in.header_lens[i] = len;
-			in.nheaders++;
+			in->header_names[i] = name;
+			in->header_values[i] = value;
+			in->header_lens[i] = len;
+			in->nheaders++;
 		}
 	}
+}
 
-	result = obx_inbox_handle(&in, errbuf, sizeof(errbuf));
-	if (result == OBX_INBOX_RETRY)
+/*
+ * A transient failure: hold the message's partition back (h, or a new held
+ * partition) for a backoff, with its position on the message.
+ */
+static void
+hold_for_retry(ObxConsumer *c, HeldPartition *h, const ObxInbound *in,
+			   const char *error)
+{
+	if (h == NULL)
 	{
-		if (h == NULL)
+		h = MemoryContextAllocZero(c->cxt, sizeof(HeldPartition));
+		h->topic = MemoryContextStrdup(c->cxt, in->topic);
+		h->partition = in->partition;
+		h->next = c->held;
+		c->held = h;
+	}
+	h->offset = in->offset;
+	h->attempts++;
+	hold_back(c, h);
+	h->resume_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+											   backoff_ms(h->attempts));
+	obx_inbox_note_retry(in, error);
+}
+
+/*
+ * Hand one message to the inbox; store its offset once its transaction
+ * has committed, or hold its partition back on a transient failure.
+ *
+ * A message of a held partition, or past the held message, was fetched
+ * before the seek: every message before the held one has been handled, so
+ * dropping it loses nothing, and the held message must come first.
+ */
+static void
+handle_message(ObxConsumer *c, rd_kafka_message_t *m)
+{
+	HeldPartition *h = find_held(c, rd_kafka_topic_name(m->rkt), m->partition);
+	ObxInbound in;
+	char errbuf[512];
+
+	if (h != NULL && (h->resume_at != 0 || m->offset > h->offset))
+	{
+		if (h->resume_at == 0)
 		{
-			h = MemoryContextAllocZero(c->cxt, sizeof(HeldPartition));
-			h->topic = MemoryContextStrdup(c->cxt, topic);
-			h->partition = m->partition;
-			h->next = c->held;
-			c->held = h;
+			hold_back(c, h);
+			h->resume_at = GetCurrentTimestamp();
 		}
-		h->offset = m->offset;
-		h->attempts++;
-		hold_back(c, h);
-		h->resume_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-												   backoff_ms(h->attempts));
-		obx_inbox_note_retry(&in, errbuf);
+		return;
+	}
+
+	inbound_message(c, m, &in);
+	if (obx_inbox_handle(&in, errbuf, sizeof(errbuf)) == OBX_INBOX_RETRY)
+	{
+		hold_for_retry(c, h, &in, errbuf);
 		return;
 	}
 
@@ -594,7 +306,7 @@ handle_message(Consumer *c, rd_kafka_message_t *m)
  * librdkafka's cache, no network round trip) when they have changed.
  */
 static void
-record_watermarks(Consumer *c, TimestampTz now)
+record_watermarks(ObxConsumer *c, TimestampTz now)
 {
 	rd_kafka_topic_partition_list_t *assigned = NULL;
 	char **topics;
@@ -638,18 +350,40 @@ record_watermarks(Consumer *c, TimestampTz now)
 	obx_inbox_watermarks(c->sub.name, n, topics, parts, lows, highs);
 }
 
+/* Poll one message of c and serve it; false if there was none. */
+static bool
+serve_one(ObxConsumer *c)
+{
+	rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 0);
+	MemoryContext old;
+
+	if (m == NULL)
+		return false;
+	old = MemoryContextSwitchTo(state.msg_cxt);
+	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		handle_message(c, m);
+	else
+		obx_consumer_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
+											 rd_kafka_message_errstr(m)));
+	rd_kafka_message_destroy(m);
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(state.msg_cxt);
+	CHECK_FOR_INTERRUPTS();
+	return true;
+}
+
 /*
  * Serve every consumer once: up to OBX_CONSUMER_FAIRNESS messages each.
  * Returns how many messages (or events) were served.
  */
 static int
-serve_consumers(MemoryContext msg_cxt)
+serve_consumers(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	Consumer *c;
+	ObxConsumer *c;
 	int served = 0;
 
-	for (c = consumers; c != NULL && !ShutdownRequestPending; c = c->next)
+	for (c = obx_consumers(); c != NULL && !ShutdownRequestPending; c = c->next)
 	{
 		int i;
 
@@ -658,22 +392,9 @@ serve_consumers(MemoryContext msg_cxt)
 		resume_due(c, now);
 		for (i = 0; i < OBX_CONSUMER_FAIRNESS && !ShutdownRequestPending; i++)
 		{
-			rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 0);
-			MemoryContext old;
-
-			if (m == NULL)
+			if (!serve_one(c))
 				break;
 			served++;
-			old = MemoryContextSwitchTo(msg_cxt);
-			if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
-				handle_message(c, m);
-			else
-				note_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
-											 rd_kafka_message_errstr(m)));
-			rd_kafka_message_destroy(m);
-			MemoryContextSwitchTo(old);
-			MemoryContextReset(msg_cxt);
-			CHECK_FOR_INTERRUPTS();
 		}
 		record_watermarks(c, now);
 	}
@@ -684,165 +405,116 @@ serve_consumers(MemoryContext msg_cxt)
 static long
 next_wakeup_ms(long timeout_ms)
 {
-	TimestampTz now = GetCurrentTimestamp();
-	Consumer *c;
+	ObxConsumer *c;
 	HeldPartition *h;
 
-	for (c = consumers; c != NULL; c = c->next)
+	for (c = obx_consumers(); c != NULL; c = c->next)
 		for (h = c->held; h != NULL; h = h->next)
 			if (h->resume_at != 0)
-			{
-				long secs;
-				int usecs;
-
-				TimestampDifference(now, h->resume_at, &secs, &usecs);
-				timeout_ms = Min(timeout_ms, secs * 1000 + usecs / 1000);
-			}
+				timeout_ms = Min(timeout_ms, obx_ms_until(h->resume_at));
 	return Max(timeout_ms, 1);
 }
 
+/* Sleep on the latch and the consumers' pipe, then empty the pipe. */
 static void
 wait_for_messages(long timeout_ms)
 {
 	char drain[64];
 
-	(void) WaitLatchOrSocket(MyLatch,
-							 WL_LATCH_SET | WL_TIMEOUT | WL_SOCKET_READABLE |
-								 WL_EXIT_ON_PM_DEATH,
-							 pipefd[0], timeout_ms, PG_WAIT_EXTENSION);
-	ResetLatch(MyLatch);
-	while (read(pipefd[0], drain, sizeof(drain)) > 0)
+	obx_worker_wait(&state.w, timeout_ms, true);
+	while (read(state.pipefd[0], drain, sizeof(drain)) > 0)
 		;
-	CHECK_FOR_INTERRUPTS();
 }
 
 /* SIGHUP: new Kafka settings restart every consumer with them. */
 static void
-process_reload(void)
+consumer_reload(void)
 {
-	char *now;
-
-	if (!ConfigReloadPending)
+	if (!obx_worker_reload(&state.w))
 		return;
-	ConfigReloadPending = false;
-	ProcessConfigFile(PGC_SIGHUP);
-	obx_kafka_file_reread();
-	now = kafka_settings();
-	if (strcmp(now, kafka_settings_seen) != 0)
+	ereport(LOG,
+			(errmsg("obx consumer %d: Kafka settings changed, restarting its consumers",
+					state.w.number)));
+	obx_consumers_stop_all();
+}
+
+/*
+ * Every obx.poll_interval: whether obx is installed (if not, stop every
+ * consumer and wait), and if so bring the consumers in line with
+ * obx.subscriptions.
+ */
+static bool
+subscriptions_ready(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (now < state.next_refresh)
+		return true;
+	state.next_refresh = TimestampTzPlusMilliseconds(now, obx_poll_interval_ms);
+	if (!obx_worker_extension_ready(&state.w))
 	{
-		ereport(LOG,
-				(errmsg("obx consumer %d: Kafka settings changed, restarting its consumers",
-						my_worker)));
-		stop_all();
-		pfree(kafka_settings_seen);
-		kafka_settings_seen = MemoryContextStrdup(TopMemoryContext, now);
+		obx_consumers_stop_all();
+		wait_for_messages(obx_poll_interval_ms);
+		return false;
 	}
+	obx_consumers_refresh(state.scratch);
+	return true;
+}
+
+/*
+ * Start-up beyond the base: the worker's handler slot (see
+ * obx_inbox_attach), the pipe its consumer queues signal on, its memory.
+ */
+static void
+consumer_start(Datum main_arg)
+{
+	obx_worker_start(&state.w, OBX_WORKER_CONSUMER, main_arg);
+	obx_inbox_attach(state.w.number);
+
+	if (pipe(state.pipefd) != 0 ||
+		fcntl(state.pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(state.pipefd[1], F_SETFL, O_NONBLOCK) != 0)
+		elog(ERROR, "obx consumer could not create a pipe: %m");
+	obx_worker_watch_fd(&state.w, state.pipefd[0]);
+	obx_consumers_init(state.w.number, state.pipefd[1]);
+
+	state.scratch = AllocSetContextCreate(TopMemoryContext, "obx consumer loop",
+										  ALLOCSET_DEFAULT_SIZES);
+	state.msg_cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer message",
+										  ALLOCSET_DEFAULT_SIZES);
 }
 
 /*
  * obx_consumer_main
- *		Entry point of consumer worker number main_arg.
+ *		Entry point of consumer worker number main_arg.  Each pass of the
+ *		loop is a list of steps; a step that has to wait waits and starts the
+ *		next pass.
  */
 void
 obx_consumer_main(Datum main_arg)
 {
-	MemoryContext scratch;
-	MemoryContext msg_cxt;
-	TimestampTz next_refresh = 0;
-	TimestampTz next_purge = 0;
-	bool said_waiting = false;
-
-	my_worker = DatumGetInt32(main_arg);
-	my_database = (obx_consumer_database && obx_consumer_database[0])
-					  ? obx_consumer_database
-					  : obx_database;
-
-	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
-	BackgroundWorkerUnblockSignals();
-
-	BackgroundWorkerInitializeConnection(my_database, NULL, 0);
-	obx_worker_pin_settings();
-	obx_inbox_attach(my_worker);
-	pgstat_report_appname("obx consumer");
-
-	/*
-	 * A message's offset is stored only after its transaction commits; the
-	 * commit must be durable by then, or a crash could lose an effect whose
-	 * offset Kafka already has.
-	 */
-	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
-
-	if (pipe(pipefd) != 0 ||
-		fcntl(pipefd[0], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(pipefd[1], F_SETFL, O_NONBLOCK) != 0)
-		elog(ERROR, "obx consumer could not create a pipe: %m");
-
-	scratch = AllocSetContextCreate(TopMemoryContext, "obx consumer loop",
-									ALLOCSET_DEFAULT_SIZES);
-	msg_cxt = AllocSetContextCreate(TopMemoryContext, "obx consumer message",
-									ALLOCSET_DEFAULT_SIZES);
-	kafka_settings_seen = MemoryContextStrdup(TopMemoryContext, kafka_settings());
-
-	ereport(LOG,
-			(errmsg("obx consumer %d started for database \"%s\"", my_worker,
-					my_database)));
+	consumer_start(main_arg);
 
 	while (!ShutdownRequestPending)
 	{
-		TimestampTz now;
-
-		MemoryContextSwitchTo(scratch);
-		MemoryContextReset(scratch);
-		process_reload();
+		MemoryContextSwitchTo(state.scratch);
+		MemoryContextReset(state.scratch);
+		consumer_reload();
 
 		if (RecoveryInProgress())
 		{
-			stop_all();
+			obx_consumers_stop_all();
 			wait_for_messages(obx_poll_interval_ms);
 			continue;
 		}
-
-		now = GetCurrentTimestamp();
-		if (now >= next_refresh)
-		{
-			bool exists = obx_extension_exists();
-
-			next_refresh = TimestampTzPlusMilliseconds(now, obx_poll_interval_ms);
-			if (!exists && !said_waiting)
-				ereport(LOG,
-						(errmsg("obx consumer %d is waiting for CREATE EXTENSION obx in database \"%s\"",
-								my_worker, my_database)));
-			said_waiting = !exists;
-			if (!exists)
-			{
-				stop_all();
-				wait_for_messages(obx_poll_interval_ms);
-				continue;
-			}
-			refresh_subscriptions(scratch);
-		}
-
-		/*
-		 * Dedupe history: purged here too, in case no relay serves this
-		 * database (see obx_outbox_purge).
-		 */
-		if (my_worker == 0 && now >= next_purge &&
-			(obx_workers == 0 || strcmp(my_database, obx_database) != 0))
-		{
-			int64 purged = obx_outbox_purge();
-
-			next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													 purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);
-		}
-
-		if (serve_consumers(msg_cxt) == 0)
+		if (!subscriptions_ready())
+			continue;
+		obx_worker_housekeeping(&state.w);
+		if (serve_consumers() == 0)
 			wait_for_messages(next_wakeup_ms(Min(obx_poll_interval_ms,
 												 OBX_WATERMARK_INTERVAL_MS)));
 	}
 
-	stop_all();
-	ereport(LOG, (errmsg("obx consumer %d stopped", my_worker)));
-	/* Status 1: restarted after a pg_terminate_backend() (see relay.c). */
-	proc_exit(1);
+	obx_consumers_stop_all();
+	obx_worker_exit(&state.w);
 }

@@ -267,18 +267,6 @@ required_text(FunctionCallInfo fcinfo, int argno, const char *what)
 	return PG_GETARG_TEXT_PP(argno);
 }
 
-static SPIPlanPtr
-enqueue_prepare(const char *sql, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr plan = SPI_prepare(sql, nargs, argtypes);
-
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for obx enqueue: %s",
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
 /*
  * Every name in these statements is schema-qualified, the one operator
  * included, so this SECURITY DEFINER function resolves nothing through the
@@ -292,14 +280,14 @@ enqueue_prepare_plans(void)
 	Oid existing_types[1] = {UUIDOID};
 
 	if (insert_plan == NULL)
-		insert_plan = enqueue_prepare(
+		insert_plan = obx_prepare_kept(
 			"INSERT INTO obx.outbox_events "
 			"(id, aggregate_id, topic, event_key, event_type, headers, payload) "
 			"VALUES ($1, $2, $3, $4, $5, $6, $7) "
 			"ON CONFLICT (id) DO NOTHING",
 			7, insert_types);
 	if (existing_plan == NULL)
-		existing_plan = enqueue_prepare(
+		existing_plan = obx_prepare_kept(
 			"SELECT topic, event_key, payload::pg_catalog.text, "
 			"coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
 			"aggregate_id "

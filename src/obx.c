@@ -2,7 +2,8 @@
  *
  * obx.c
  *	  Module entry: the obx.* GUCs, the shared memory that lets a committing
- *	  backend wake the relay workers, and the registration of those workers.
+ *	  backend wake the relay workers (see turns.c), and the registration of
+ *	  the workers (see worker.c).
  *
  * The relay runs only when obx is in shared_preload_libraries.  Loaded
  * any other way (a backend calling obx.enqueue in a server without the
@@ -24,6 +25,8 @@
 #include "utils/guc.h"
 
 #include "obx.h"
+#include "turns.h"
+#include "worker.h"
 
 PG_MODULE_MAGIC;
 
@@ -59,7 +62,6 @@ void _PG_init(void);
 static void obx_shmem_request(void);
 static void obx_shmem_startup(void);
 static void define_gucs(void);
-static void register_workers(void);
 
 void
 _PG_init(void)
@@ -74,7 +76,7 @@ _PG_init(void)
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = obx_shmem_startup;
 
-	register_workers();
+	obx_worker_register();
 }
 
 static void
@@ -299,40 +301,6 @@ define_gucs(void)
 	MarkGUCPrefixReserved("obx");
 }
 
-/*
- * Register count workers of one kind: "obx relay N" or "obx consumer N",
- * restarted 1 s after they exit with status 1.
- */
-static void
-register_kind(const char *kind, const char *function, int count)
-{
-	BackgroundWorker worker;
-	int i;
-
-	for (i = 0; i < count; i++)
-	{
-		memset(&worker, 0, sizeof(worker));
-		worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-						   BGWORKER_BACKEND_DATABASE_CONNECTION;
-		worker.bgw_start_time = BgWorkerStart_ConsistentState;
-		worker.bgw_restart_time = 1;
-		snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
-		snprintf(worker.bgw_function_name, BGW_MAXLEN, "%s", function);
-		snprintf(worker.bgw_name, BGW_MAXLEN, "%s %d", kind, i);
-		snprintf(worker.bgw_type, BGW_MAXLEN, "%s", kind);
-		worker.bgw_main_arg = Int32GetDatum(i);
-		worker.bgw_notify_pid = 0;
-		RegisterBackgroundWorker(&worker);
-	}
-}
-
-static void
-register_workers(void)
-{
-	register_kind("obx relay", "obx_relay_main", obx_workers);
-	register_kind("obx consumer", "obx_consumer_main", obx_consumer_workers);
-}
-
 static void
 obx_shmem_request(void)
 {
@@ -358,169 +326,7 @@ obx_shmem_startup(void)
 		obx_shared->nworkers = obx_workers;
 		for (i = 0; i < OBX_MAX_WORKERS; i++)
 			SpinLockInit(&obx_shared->workers[i].mutex);
-		pg_atomic_init_u32(&obx_shared->next_wake, 0);
-		pg_atomic_init_u32(&obx_shared->async_committing, 0);
-		pg_atomic_init_u64(&obx_shared->async_commit_end, 0);
-		pg_atomic_init_u64(&obx_shared->changes, 0);
-		/* Unequal, so that the first claim is not skipped. */
-		pg_atomic_init_u64(&obx_shared->claimed_changes, PG_UINT64_MAX);
-		pg_atomic_init_u64(&obx_shared->last_claim_at, 0);
+		obx_turns_shmem_init(obx_shared);
 	}
 	LWLockRelease(AddinShmemInitLock);
-}
-
-/*
- * obx_wake_workers
- *		Set the latch of one running relay worker: an idle one if there is
- *		one, taken in turn.
- *
- * One is enough: a worker claims everything claimable up to a batch, and a
- * busy worker claims again as soon as it has room in its pipeline.  Waking
- * all of them for every commit made them all run a claim, all but one for
- * nothing.  Called from a commit callback, so it must not fail: it only
- * reads the slots (state without the lock: a stale read wakes a busy
- * worker, which is harmless) and sets a latch.
- */
-void
-obx_wake_workers(void)
-{
-	int n;
-	int start;
-	int i;
-	Latch *fallback = NULL;
-
-	if (obx_shared == NULL || obx_shared->nworkers == 0)
-		return;
-
-	obx_note_change();
-	n = obx_shared->nworkers;
-	start = (int) (pg_atomic_fetch_add_u32(&obx_shared->next_wake, 1) % n);
-	for (i = 0; i < n; i++)
-	{
-		ObxWorkerSlot *slot = &obx_shared->workers[(start + i) % n];
-		Latch *latch = slot->latch;
-
-		if (latch == NULL)
-			continue;
-		if (slot->state == OBX_STATE_IDLE)
-		{
-			SetLatch(latch);
-			return;
-		}
-		if (fallback == NULL)
-			fallback = latch;
-	}
-	if (fallback != NULL)
-		SetLatch(fallback);
-}
-
-/*
- * Asynchronous commits (synchronous_commit = off) of transactions that
- * changed events through obx's functions.
- *
- * Such a commit is visible before its WAL is flushed, and the relay must
- * not publish an event a crash could still take back (see
- * obx_outbox_claim).  The committing backend announces the commit in its
- * pre-commit callback (obx_async_commit_starting) and, in its commit
- * callback, which runs after the commit became visible, publishes where
- * its commit record ends and withdraws the announcement
- * (obx_async_commit_done).  A claim that finds no commit announced after
- * taking its snapshot knows that every such commit it sees ends at or
- * before async_commit_end: flushing up to there makes them durable.
- * Synchronous commits never show up here: they are flushed before they
- * are visible.
- */
-void
-obx_async_commit_starting(void)
-{
-	if (obx_shared != NULL)
-		pg_atomic_fetch_add_u32(&obx_shared->async_committing, 1);
-}
-
-/* commit_end: where the transaction's commit record ends, or an earlier position. */
-void
-obx_async_commit_done(XLogRecPtr commit_end)
-{
-	uint64 seen;
-
-	if (obx_shared == NULL)
-		return;
-	seen = pg_atomic_read_u64(&obx_shared->async_commit_end);
-	while (seen < commit_end &&
-		   !pg_atomic_compare_exchange_u64(&obx_shared->async_commit_end, &seen, commit_end))
-		;
-	pg_atomic_fetch_sub_u32(&obx_shared->async_committing, 1);
-}
-
-/*
- * obx_async_commits_settled
- *		Whether no asynchronous commit is between its two callbacks; if so,
- *		*commit_end is where the latest one's commit record ends.  Called
- *		after the caller's snapshot is taken.
- */
-bool
-obx_async_commits_settled(XLogRecPtr *commit_end)
-{
-	if (obx_shared == NULL)
-		return false;
-	pg_memory_barrier();
-	if (pg_atomic_read_u32(&obx_shared->async_committing) != 0)
-		return false;
-	pg_read_barrier();
-	*commit_end = pg_atomic_read_u64(&obx_shared->async_commit_end);
-	return true;
-}
-
-/*
- * Skipping claims that would find nothing.
- *
- * At a steady rate a worker claims again as soon as it has room in its
- * pipeline, and the other worker has often just taken everything: about a
- * fifth of the claims at 2,000 events/s came back empty, each a
- * transaction, the claim lock and a scan.  Events become claimable only
- * through a change the workers hear of (obx_note_change: a commit of
- * obx.enqueue or an operator function, which runs after the commit is
- * visible; leases released or expired, a stopping worker's records), through
- * a worker's own record (after which that worker claims next, see relay.c)
- * or through time (a backoff or a lease running out, a prepared
- * transaction's commit, a row written directly), which each worker's poll
- * (a claim at least every obx.poll_interval) covers as before.  A claim
- * reads the count of changes before its snapshot and, if it took
- * everything it could, publishes that count before its commit releases the
- * claim lock: until the count moves again, another claim would find
- * nothing.
- */
-void
-obx_note_change(void)
-{
-	if (obx_shared != NULL)
-		pg_atomic_fetch_add_u64(&obx_shared->changes, 1);
-}
-
-/* The count of changes, read before a claim's snapshot. */
-uint64
-obx_changes(void)
-{
-	pg_memory_barrier();
-	return pg_atomic_read_u64(&obx_shared->changes);
-}
-
-/* A committed claim took everything claimable as of changes. */
-void
-obx_claimed_changes(uint64 changes)
-{
-	uint64 seen = pg_atomic_read_u64(&obx_shared->claimed_changes);
-
-	while ((seen == PG_UINT64_MAX || seen < changes) &&
-		   !pg_atomic_compare_exchange_u64(&obx_shared->claimed_changes, &seen, changes))
-		;
-}
-
-/* Whether nothing happened since a claim took everything claimable. */
-bool
-obx_claim_pointless(void)
-{
-	pg_memory_barrier();
-	return pg_atomic_read_u64(&obx_shared->changes) ==
-		   pg_atomic_read_u64(&obx_shared->claimed_changes);
 }

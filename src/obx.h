@@ -6,13 +6,19 @@
  *	  worker publishes, and the entry points of each file.
  *
  * Files and what they own:
- *	  obx.c		module entry, GUCs, shared memory, worker registration
+ *	  obx.c		module entry, GUCs, shared memory
+ *	  worker.c	the base of both workers: registration, start-up, reload,
+ *				the wait, steps and kept plans, housekeeping (worker.h)
+ *	  turns.c	the claim-turn protocol: wake-up, changes, async commits,
+ *				turns (turns.h)
  *	  relay.c	the relay worker's main loop
  *	  outbox.c	every SQL statement the relay runs against the outbox
  *	  kafka.c	everything librdkafka (no transaction calls in it)
  *	  enqueue.c	SQL-callable functions: enqueue and the commit wake-up
  *	  status.c	worker status in shared memory and its SQL view
- *	  consumer.c	the consumer worker: subscriptions, librdkafka consumers
+ *	  consumer.c	the consumer worker's loop: messages, held partitions,
+ *				offsets
+ *	  consumer_group.c	its Kafka consumers, one per subscription
  *	  inbox.c	every statement the consumer runs: one transaction per message
  *	  inbound.c	a Kafka message made into the event a handler gets
  *	  handler.c	every handler call (obx_call_handler, obx._replay_handler)
@@ -151,7 +157,7 @@ typedef struct ObxShared
 	/*
 	 * When the latest claim of any relay worker started, or 0 if it took
 	 * a full batch: the workers' turns under obx.claim_gap (see
-	 * take_turn in relay.c).
+	 * obx_turn_take in turns.c).
 	 */
 	pg_atomic_uint64 last_claim_at;
 	ObxWorkerSlot workers[OBX_MAX_WORKERS];
@@ -159,29 +165,6 @@ typedef struct ObxShared
 } ObxShared;
 
 extern ObxShared *obx_shared;
-
-/* obx.c */
-extern void obx_wake_workers(void);
-extern void obx_async_commit_starting(void);
-extern void obx_async_commit_done(XLogRecPtr commit_end);
-extern bool obx_async_commits_settled(XLogRecPtr *commit_end);
-extern void obx_note_change(void);
-extern uint64 obx_changes(void);
-extern void obx_claimed_changes(uint64 changes);
-extern bool obx_claim_pointless(void);
-
-/* relay.c */
-extern PGDLLEXPORT void obx_relay_main(Datum main_arg);
-
-/* outbox.c: the short-transaction steps shared with inbox.c */
-struct _SPI_plan;
-extern MemoryContext obx_step_begin(const char *activity);
-extern void obx_step_end(MemoryContext caller);
-extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argtypes);
-extern void obx_worker_pin_settings(void);
-
-/* outbox.c: each call is one short transaction of its own */
-extern bool obx_extension_exists(void);
 
 /* The headers of claim.c and outbox.c, housekeeping.c, kafka.c, kafka_conf.c */
 #include "outbox.h"
@@ -191,11 +174,15 @@ extern bool obx_extension_exists(void);
 
 #include "inbox.h"
 
-/* consumer.c */
-extern PGDLLEXPORT void obx_consumer_main(Datum main_arg);
-
 #include "handler.h"
 
 #include "status.h"
+
+/*
+ * Until the header split is finished, every file including obx.h sees the
+ * worker base and the claim-turn protocol too.
+ */
+#include "turns.h"
+#include "worker.h"
 
 #endif /* OBX_H */

@@ -1,0 +1,40 @@
+/*-------------------------------------------------------------------------
+ *
+ * consumer_group.h
+ *	  The Kafka consumers of a consumer worker, one per subscription, each
+ *	  in the consumer group named after it (consumer_group.c), as the
+ *	  worker's loop (consumer.c) serves them.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OBX_CONSUMER_GROUP_H
+#define OBX_CONSUMER_GROUP_H
+
+#include <librdkafka/rdkafka.h>
+
+#include "obx.h"
+
+/*
+ * One subscription's Kafka consumer.  rk is NULL when it could not be
+ * started, or when the subscription has a problem that keeps it from
+ * being served.
+ */
+typedef struct ObxConsumer
+{
+	ObxSubscription sub; /* copied into cxt */
+	MemoryContext cxt;
+	rd_kafka_t *rk;
+	rd_kafka_queue_t *queue;
+	struct HeldPartition *held; /* see consumer.c, allocated in cxt */
+	TimestampTz next_watermarks;
+	int64 watermarks_sum; /* of the last recorded watermarks */
+	struct ObxConsumer *next;
+} ObxConsumer;
+
+extern void obx_consumers_init(int worker, int signal_fd);
+extern ObxConsumer *obx_consumers(void);
+extern void obx_consumers_refresh(MemoryContext scratch);
+extern void obx_consumers_stop_all(void);
+extern void obx_consumer_kafka_error(ObxConsumer *c, const char *what);
+
+#endif /* OBX_CONSUMER_GROUP_H */

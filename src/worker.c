@@ -1,0 +1,397 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker.c
+ *	  What every obx background worker needs, written once for the relay
+ *	  (relay.c) and the consumer (consumer.c), which are only their loops.
+ *
+ * The worker_spi skeleton: SIGHUP reloads, SIGTERM sets
+ * ShutdownRequestPending, and the loop waits on its latch (and one
+ * descriptor its Kafka client signals on) until the request is seen.  The
+ * wait set is built once and kept, not built and freed around every wait
+ * as WaitLatchOrSocket does: the workers wait very often.
+ *
+ * Every database step is a short transaction of its own (obx_step_begin,
+ * obx_step_end), with statements prepared once and kept for the life of
+ * the process (obx_prepare_kept), under settings pinned at start-up.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "tcop/tcopprot.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "obx.h"
+#include "worker.h"
+
+/*
+ * Register count workers of one kind: "obx relay N" or "obx consumer N",
+ * restarted 1 s after they exit with status 1.
+ */
+static void
+register_kind(const char *kind, const char *function, int count)
+{
+	BackgroundWorker worker;
+	int i;
+
+	for (i = 0; i < count; i++)
+	{
+		memset(&worker, 0, sizeof(worker));
+		worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+						   BGWORKER_BACKEND_DATABASE_CONNECTION;
+		worker.bgw_start_time = BgWorkerStart_ConsistentState;
+		worker.bgw_restart_time = 1;
+		snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
+		snprintf(worker.bgw_function_name, BGW_MAXLEN, "%s", function);
+		snprintf(worker.bgw_name, BGW_MAXLEN, "%s %d", kind, i);
+		snprintf(worker.bgw_type, BGW_MAXLEN, "%s", kind);
+		worker.bgw_main_arg = Int32GetDatum(i);
+		worker.bgw_notify_pid = 0;
+		RegisterBackgroundWorker(&worker);
+	}
+}
+
+/*
+ * obx_worker_register
+ *		Register obx.workers relay and obx.consumer_workers consumer workers;
+ *		called while the shared_preload_libraries are loaded.
+ */
+void
+obx_worker_register(void)
+{
+	register_kind("obx relay", "obx_relay_main", obx_workers);
+	register_kind("obx consumer", "obx_consumer_main", obx_consumer_workers);
+}
+
+/*
+ * Fix, for the life of the worker, every setting its own statements depend
+ * on, whatever the database's or the role's defaults say.
+ *
+ * Set at PGC_S_OVERRIDE, above ALTER DATABASE/ROLE ... SET and the
+ * configuration file, they become the reset values too: a reload leaves
+ * them, and RESET returns to them.  A handler cannot change them either: it
+ * runs inside a GUC nest level that is unwound afterwards (see
+ * obx_call_handler).
+ *
+ * search_path: obx's statements name obx's objects with their schema and
+ * PostgreSQL's functions with pg_catalog; with only pg_catalog and pg_temp
+ * on the path, no function, operator or type of another schema can be
+ * picked instead.  The rest keeps each step a short, writable
+ * read-committed transaction that no timeout of the database's choosing can
+ * cut short: a claim or a record step cancelled after Kafka acknowledged
+ * its events means a re-send, and a read-only default would stop the relay.
+ * synchronous_commit: steps commit durably unless they say otherwise (a
+ * claim flushes itself, see obx_outbox_claim); a consumer stores a
+ * message's offset only after its transaction commits, and a crash must not
+ * lose an effect whose offset Kafka already has.
+ */
+static void
+pin_settings(void)
+{
+	static const char *const pinned[][2] = {
+		{"search_path", "pg_catalog, pg_temp"},
+		{"default_transaction_read_only", "off"},
+		{"default_transaction_isolation", "read committed"},
+		{"default_transaction_deferrable", "off"},
+		{"statement_timeout", "0"},
+		{"lock_timeout", "0"},
+		{"idle_in_transaction_session_timeout", "0"},
+		{"idle_session_timeout", "0"},
+		{"session_replication_role", "origin"},
+		{"transform_null_equals", "off"},
+		{"standard_conforming_strings", "on"},
+		{"synchronous_commit", "on"},
+	};
+	int i;
+
+	for (i = 0; i < lengthof(pinned); i++)
+		SetConfigOption(pinned[i][0], pinned[i][1], PGC_SUSET, PGC_S_OVERRIDE);
+}
+
+/*
+ * What the worker's Kafka clients are built from: a change on reload means
+ * rebuilding them.  The relay's producer also takes obx.delivery_timeout.
+ */
+static char *
+kafka_settings(ObxWorker *w)
+{
+	if (w->kind == OBX_WORKER_RELAY)
+		return psprintf("%s|%s|%s|%d", obx_brokers, obx_kafka_properties,
+						obx_kafka_file_signature(), obx_delivery_timeout_ms);
+	return psprintf("%s|%s|%s", obx_brokers, obx_kafka_properties,
+					obx_kafka_file_signature());
+}
+
+/*
+ * obx_worker_start
+ *		Set up the worker process for kind, number main_arg: signals, the
+ *		database connection, pinned settings, its application name, and the
+ *		"started" log line.
+ *
+ * The consumer serves obx.consumer_database (empty: obx.database).  Worker 0
+ * of the relay purges; consumer worker 0 too when no relay serves its
+ * database (the dedupe history lives there).
+ */
+void
+obx_worker_start(ObxWorker *w, ObxWorkerKind kind, Datum main_arg)
+{
+	bool relay = (kind == OBX_WORKER_RELAY);
+
+	memset(w, 0, sizeof(ObxWorker));
+	w->kind = kind;
+	w->number = DatumGetInt32(main_arg);
+	w->name = relay ? "obx relay" : "obx consumer";
+	w->database = obx_database;
+	if (!relay && obx_consumer_database && obx_consumer_database[0])
+		w->database = obx_consumer_database;
+	w->purges = w->number == 0 &&
+				(relay || obx_workers == 0 || strcmp(w->database, obx_database) != 0);
+	w->wait_fd = PGINVALID_SOCKET;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+	BackgroundWorkerUnblockSignals();
+
+	BackgroundWorkerInitializeConnection(w->database, NULL, 0);
+	pin_settings();
+	pgstat_report_appname(w->name);
+	w->kafka_settings = MemoryContextStrdup(TopMemoryContext, kafka_settings(w));
+
+	ereport(LOG,
+			(errmsg("%s %d started for database \"%s\"", w->name, w->number,
+					w->database)));
+}
+
+/*
+ * obx_worker_reload
+ *		On a pending SIGHUP, reload the configuration and the Kafka
+ *		properties file.  Returns whether what the worker's Kafka clients
+ *		are built from changed; the loop rebuilds them then.
+ */
+bool
+obx_worker_reload(ObxWorker *w)
+{
+	char *now;
+	bool changed;
+
+	if (!ConfigReloadPending)
+		return false;
+	ConfigReloadPending = false;
+	ProcessConfigFile(PGC_SIGHUP);
+	obx_kafka_file_reread();
+	now = kafka_settings(w);
+	changed = strcmp(now, w->kafka_settings) != 0;
+	if (changed)
+	{
+		pfree(w->kafka_settings);
+		w->kafka_settings = MemoryContextStrdup(TopMemoryContext, now);
+	}
+	pfree(now);
+	return changed;
+}
+
+/*
+ * obx_worker_watch_fd
+ *		From the next wait on, watch fd (or nothing, PGINVALID_SOCKET)
+ *		besides the latch.  Call it whenever the descriptor is replaced or
+ *		closed, even by one of the same number.
+ */
+void
+obx_worker_watch_fd(ObxWorker *w, pgsocket fd)
+{
+	if (w->wait_set != NULL)
+		FreeWaitEventSet(w->wait_set);
+	w->wait_set = NULL;
+	w->wait_fd = fd;
+}
+
+/*
+ * obx_worker_wait
+ *		Sleep until the latch is set (if heed_latch), the watched descriptor
+ *		is readable, the postmaster dies (exit), or timeout_ms passes.
+ *
+ * Without heed_latch a SetLatch does not end the sleep and the latch stays
+ * set for the next wait: the relay's quiet between two turns.
+ */
+void
+obx_worker_wait(ObxWorker *w, long timeout_ms, bool heed_latch)
+{
+	WaitEvent occurred;
+
+	if (w->wait_set == NULL)
+	{
+		w->wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+		AddWaitEventToSet(w->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+		AddWaitEventToSet(w->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+		if (w->wait_fd != PGINVALID_SOCKET)
+			AddWaitEventToSet(w->wait_set, WL_SOCKET_READABLE, w->wait_fd, NULL, NULL);
+	}
+	if (heed_latch)
+	{
+		(void) WaitEventSetWait(w->wait_set, timeout_ms, &occurred, 1, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+	else
+	{
+		ModifyWaitEvent(w->wait_set, 0, WL_LATCH_SET, NULL);
+		(void) WaitEventSetWait(w->wait_set, timeout_ms, &occurred, 1, PG_WAIT_EXTENSION);
+		ModifyWaitEvent(w->wait_set, 0, WL_LATCH_SET, MyLatch);
+	}
+	CHECK_FOR_INTERRUPTS();
+}
+
+/* Whether CREATE EXTENSION obx has been run in this database. */
+static bool
+extension_exists(void)
+{
+	MemoryContext caller = obx_step_begin("obx: checking for the extension");
+	bool exists;
+	int rc;
+
+	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'obx'",
+					 true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx extension check failed: %s", SPI_result_code_string(rc));
+	exists = (SPI_processed == 1);
+	obx_step_end(caller);
+	return exists;
+}
+
+/*
+ * obx_worker_extension_ready
+ *		Whether obx is installed in the worker's database; logs once each
+ *		time it is found missing.
+ */
+bool
+obx_worker_extension_ready(ObxWorker *w)
+{
+	bool exists = extension_exists();
+
+	if (!exists && !w->said_waiting)
+		ereport(LOG,
+				(errmsg("%s %d is waiting for CREATE EXTENSION obx in database \"%s\"",
+						w->name, w->number, w->database)));
+	w->said_waiting = !exists;
+	return exists;
+}
+
+/*
+ * obx_worker_housekeeping
+ *		Purge old rows (obx_outbox_purge) every OBX_PURGE_INTERVAL_MS, and
+ *		again at once while a purge finds something, if this worker purges.
+ */
+void
+obx_worker_housekeeping(ObxWorker *w)
+{
+	int64 purged;
+
+	if (!w->purges || GetCurrentTimestamp() < w->next_purge)
+		return;
+	purged = obx_outbox_purge();
+	w->next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);
+}
+
+/*
+ * obx_worker_exit
+ *		Log that the worker stopped and exit with status 1.
+ *
+ * Status 1, not 0: the postmaster unregisters a worker that exits with 0,
+ * so a pg_terminate_backend() would stop it until the next server start.
+ * With 1 it comes back after bgw_restart_time; at server shutdown nothing
+ * is restarted either way.
+ */
+void
+obx_worker_exit(ObxWorker *w)
+{
+	ereport(LOG, (errmsg("%s %d stopped", w->name, w->number)));
+	proc_exit(1);
+}
+
+/* Milliseconds (rounded up) from now until t; 0 if t has passed. */
+long
+obx_ms_until(TimestampTz t)
+{
+	return TimestampDifferenceMilliseconds(GetCurrentTimestamp(), t);
+}
+
+/*
+ * obx_step_begin
+ *		Start a short transaction with SPI connected and a snapshot pushed;
+ *		returns the memory context the caller was in, for results that must
+ *		outlive the transaction.
+ */
+MemoryContext
+obx_step_begin(const char *activity)
+{
+	MemoryContext caller = CurrentMemoryContext;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "obx could not connect to SPI");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, activity);
+	return caller;
+}
+
+/*
+ * obx_step_end
+ *		Commit the step's transaction and go back to the caller's context.
+ */
+void
+obx_step_end(MemoryContext caller)
+{
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	MemoryContextSwitchTo(caller);
+}
+
+/* Prepare a statement once for the life of the worker, with these options. */
+static SPIPlanPtr
+prepare_kept(const char *sql, int nargs, Oid *argtypes, int cursor_options)
+{
+	SPIPlanPtr plan = SPI_prepare_cursor(sql, nargs, argtypes, cursor_options);
+
+	if (plan == NULL)
+		elog(ERROR, "obx could not prepare a statement: %s",
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
+/*
+ * obx_prepare_kept
+ *		Prepare a statement once for the life of the worker (inside a step).
+ */
+SPIPlanPtr
+obx_prepare_kept(const char *sql, int nargs, Oid *argtypes)
+{
+	return prepare_kept(sql, nargs, argtypes, 0);
+}
+
+/*
+ * obx_prepare_kept_generic
+ *		The same, always with a generic plan: for a statement whose plan is
+ *		the same whatever its parameters and costs about as much to plan as
+ *		to run.
+ */
+SPIPlanPtr
+obx_prepare_kept_generic(const char *sql, int nargs, Oid *argtypes)
+{
+	return prepare_kept(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+}

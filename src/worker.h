@@ -1,0 +1,63 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker.h
+ *	  The base both background worker kinds are built on (worker.c):
+ *	  registration, start-up, reload, the wait on the latch and one
+ *	  descriptor, the extension-ready check, housekeeping, exit; and the
+ *	  short-transaction steps and kept plans every worker statement uses.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OBX_WORKER_H
+#define OBX_WORKER_H
+
+#include "datatype/timestamp.h"
+#include "storage/latch.h"
+
+typedef enum ObxWorkerKind
+{
+	OBX_WORKER_RELAY,
+	OBX_WORKER_CONSUMER
+} ObxWorkerKind;
+
+/*
+ * What the base keeps for one worker process.  Each loop embeds one in its
+ * state struct and passes it to the functions below.
+ */
+typedef struct ObxWorker
+{
+	ObxWorkerKind kind;
+	int number;           /* bgw_main_arg: 0 .. count - 1 */
+	const char *name;     /* "obx relay" or "obx consumer" */
+	const char *database; /* the database it serves */
+	bool purges;          /* this worker runs the purge */
+	TimestampTz next_purge;
+	char *kafka_settings;   /* what its Kafka clients are built from */
+	bool said_waiting;      /* logged that the extension is missing */
+	WaitEventSet *wait_set; /* built at the first wait, kept */
+	pgsocket wait_fd;       /* watched besides the latch, or none */
+} ObxWorker;
+
+/* Entry points, registered by name (obx_worker_register) */
+extern PGDLLEXPORT void obx_relay_main(Datum main_arg);
+extern PGDLLEXPORT void obx_consumer_main(Datum main_arg);
+
+extern void obx_worker_register(void);
+extern void obx_worker_start(ObxWorker *w, ObxWorkerKind kind, Datum main_arg);
+extern bool obx_worker_reload(ObxWorker *w);
+extern void obx_worker_watch_fd(ObxWorker *w, pgsocket fd);
+extern void obx_worker_wait(ObxWorker *w, long timeout_ms, bool heed_latch);
+extern bool obx_worker_extension_ready(ObxWorker *w);
+extern void obx_worker_housekeeping(ObxWorker *w);
+extern void obx_worker_exit(ObxWorker *w) pg_attribute_noreturn();
+extern long obx_ms_until(TimestampTz t);
+
+/* Short-transaction steps and kept plans (relay, consumer, outbox, inbox) */
+struct _SPI_plan;
+extern MemoryContext obx_step_begin(const char *activity);
+extern void obx_step_end(MemoryContext caller);
+extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argtypes);
+extern struct _SPI_plan *obx_prepare_kept_generic(const char *sql, int nargs,
+												  Oid *argtypes);
+
+#endif /* OBX_WORKER_H */
