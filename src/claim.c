@@ -59,6 +59,8 @@
 #include "utils/uuid.h"
 
 #include "obx.h"
+#include "turns.h"
+#include "worker.h"
 #include "outbox.h"
 
 /* Advisory lock key serializing claims: ("obx" in ASCII, 1). */

@@ -49,6 +49,8 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "handler.h"
+#include "inbox.h"
 #include "consumer_group.h"
 #include "worker.h"
 

@@ -22,6 +22,9 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "inbox.h"
+#include "kafka_conf.h"
+#include "status.h"
 #include "consumer_group.h"
 
 static int my_worker = -1;

@@ -23,6 +23,8 @@
 #include "utils/uuid.h"
 
 #include "obx.h"
+#include "turns.h"
+#include "worker.h"
 
 #define OBX_MAX_TOPIC_LEN 249
 #define OBX_MAX_KEY_LEN   1024

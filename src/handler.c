@@ -29,6 +29,7 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "inbox.h"
 #include "handler.h"
 
 /*

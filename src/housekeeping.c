@@ -20,6 +20,7 @@
 #include "executor/spi.h"
 
 #include "obx.h"
+#include "worker.h"
 #include "housekeeping.h"
 
 #define OBX_PURGE_BATCH 1000

@@ -34,6 +34,9 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "inbox.h"
+#include "status.h"
+#include "worker.h"
 #include "handler.h"
 #include "inbound.h"
 

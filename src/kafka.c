@@ -29,6 +29,8 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "outbox.h"
+#include "status.h"
 #include "kafka.h"
 #include "kafka_conf.h"
 

@@ -1,28 +1,31 @@
 /*-------------------------------------------------------------------------
  *
  * obx.h
- *	  Declarations shared by the parts of obx: the GUC variables, the
- *	  shared-memory state of the relay workers, the in-memory batch a
- *	  worker publishes, and the entry points of each file.
+ *	  What every part of obx shares: the GUC variables and the state in
+ *	  shared memory (worker slots, handler slots, the claim-turn counters).
+ *	  Each module declares what other modules call in a header of its own.
  *
- * Files and what they own:
+ * Files and what they own (docs/internals.md has the tour):
  *	  obx.c		module entry, GUCs, shared memory
  *	  worker.c	the base of both workers: registration, start-up, reload,
- *				the wait, steps and kept plans, housekeeping (worker.h)
+ *				the wait, steps and kept plans, housekeeping timer
  *	  turns.c	the claim-turn protocol: wake-up, changes, async commits,
- *				turns (turns.h)
- *	  relay.c	the relay worker's main loop
- *	  outbox.c	every SQL statement the relay runs against the outbox
- *	  kafka.c	everything librdkafka (no transaction calls in it)
- *	  enqueue.c	SQL-callable functions: enqueue and the commit wake-up
+ *				turns
+ *	  relay.c	the relay worker's loop
+ *	  claim.c	the claim: a batch of events under a lease
+ *	  outbox.c	the relay's other statements: record, renew, release
+ *	  housekeeping.c	the purges (outbox, dedupe history, dead letters)
+ *	  kafka.c	the producer: everything librdkafka, no transaction calls
+ *	  kafka_conf.c	from obx's settings to a librdkafka handle; who may set
+ *				which property; the properties file
+ *	  enqueue.c	SQL-callable enqueue and the commit wake-up
  *	  status.c	worker status in shared memory and its SQL view
  *	  consumer.c	the consumer worker's loop: messages, held partitions,
  *				offsets
  *	  consumer_group.c	its Kafka consumers, one per subscription
- *	  inbox.c	every statement the consumer runs: one transaction per message
+ *	  inbox.c	one transaction per message: dedupe, handler, dead letter
  *	  inbound.c	a Kafka message made into the event a handler gets
- *	  handler.c	every handler call (obx_call_handler, obx._replay_handler)
- *	  kafka_conf.c	who may set which librdkafka property; the properties file
+ *	  handler.c	every handler call, as the subscription's owner
  *	  consumer_sql.c	subscribe, unsubscribe, mark_processed: who calls
  *
  *-------------------------------------------------------------------------
@@ -165,24 +168,5 @@ typedef struct ObxShared
 } ObxShared;
 
 extern ObxShared *obx_shared;
-
-/* The headers of claim.c and outbox.c, housekeeping.c, kafka.c, kafka_conf.c */
-#include "outbox.h"
-#include "housekeeping.h"
-#include "kafka.h"
-#include "kafka_conf.h"
-
-#include "inbox.h"
-
-#include "handler.h"
-
-#include "status.h"
-
-/*
- * Until the header split is finished, every file including obx.h sees the
- * worker base and the claim-turn protocol too.
- */
-#include "turns.h"
-#include "worker.h"
 
 #endif /* OBX_H */

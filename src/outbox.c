@@ -33,6 +33,9 @@
 #include "utils/uuid.h"
 
 #include "obx.h"
+#include "kafka.h"
+#include "turns.h"
+#include "worker.h"
 #include "outbox.h"
 
 /* Failed events of one batch logged one by one; the rest are counted. */

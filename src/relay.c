@@ -35,6 +35,9 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "kafka.h"
+#include "outbox.h"
+#include "status.h"
 #include "turns.h"
 #include "worker.h"
 

@@ -33,6 +33,10 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "handler.h"
+#include "housekeeping.h"
+#include "kafka_conf.h"
+#include "outbox.h"
 #include "worker.h"
 
 /*
