@@ -79,6 +79,20 @@ class FakeTest extends TestCase
         }
     }
 
+    public function testTheFakesEnqueueManyIsAllOrNothing(): void
+    {
+        Obx::fake();
+        $ids = Obx::enqueueMany('orders.placed.v1', ['a', 'b'], [['n' => 1], ['n' => 2]]);
+        $this->assertCount(2, array_unique($ids));
+        Obx::assertEnqueuedTimes('orders.placed.v1', 2);
+        try {
+            Obx::enqueueMany('orders.placed.v1', ['c', 'd'], [['n' => 3], 'four']);
+            $this->fail('a bad payload was accepted');
+        } catch (InvalidEvent $e) {
+        }
+        Obx::assertEnqueuedTimes('orders.placed.v1', 2);
+    }
+
     private function assertFails(callable $assertion): void
     {
         try {

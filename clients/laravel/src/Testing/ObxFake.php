@@ -4,6 +4,7 @@ namespace Obx\Laravel\Testing;
 
 use Illuminate\Support\Str;
 use Obx\Laravel\Contracts\ShouldPublishToKafka;
+use Obx\Laravel\Exceptions\InvalidEvent;
 use Obx\Laravel\Outbox;
 use Obx\Laravel\Payload;
 use PHPUnit\Framework\Assert as PHPUnit;
@@ -51,9 +52,18 @@ class ObxFake extends Outbox
     public function enqueueMany(string $topic, array $keys, array $payloads, ?string $type = null,
                                 array $headers = []): array
     {
+        if (count($keys) !== count($payloads)) {
+            throw new InvalidEvent(sprintf(
+                'obx enqueueMany needs as many keys as payloads (%d keys, %d payloads)',
+                count($keys), count($payloads)));
+        }
+        $payloads = array_values($payloads);
+        foreach ($payloads as $payload) {
+            Payload::encode($payload);      // all or nothing, like the real one
+        }
         $ids = [];
         foreach (array_values($keys) as $i => $key) {
-            $ids[] = $this->enqueue($topic, $key, array_values($payloads)[$i] ?? null, $type, null, $headers);
+            $ids[] = $this->enqueue($topic, $key, $payloads[$i], $type, null, $headers);
         }
         return $ids;
     }
