@@ -1,7 +1,10 @@
 # The Laravel example (examples/laravel), end to end: orders placed in
-# database shop by Eloquent inside DB::transaction with obx.enqueue, relayed
-# to Kafka by obx's relay, consumed in database inventory by obx's consumer,
-# which runs inventory.reserve_stock once per event id.
+# database shop by Eloquent inside DB::transaction, their OrderPlaced event
+# dispatched with event(...) and enqueued by the obx/laravel package
+# (clients/laravel), relayed to Kafka by obx's relay, consumed in database
+# inventory by obx's consumer, which runs inventory.reserve_stock once per
+# event id; the package's migration helpers create the extension and the
+# subscription, and its obx:status and obx:quarantine commands report.
 #
 # Once a first order is reserved (the consumer group has its partitions),
 # six PHP processes place 50 orders each at the same time, two emitting
@@ -217,8 +220,10 @@ is_deeply([ sort keys %$seen ], \@committed_events,
 	'the broker holds exactly the committed events');
 is(scalar(grep {
 	my $p = $json->decode($_->{payload});
-	$p->{eventId} ne $_->{event_id} || $p->{orderId} ne $_->{key} } @$msgs),
-	0, 'on the wire: header event_id = eventId, key = orderId');
+	$p->{eventId} ne $_->{event_id} || $p->{orderId} ne $_->{key}
+	  || ($_->{headers}{event_type} // '') ne 'OrderPlaced'
+	  || ($_->{headers}{schema_version} // '') ne $p->{schemaVersion} } @$msgs),
+	0, 'on the wire: header event_id = eventId, key = orderId, event_type and schema_version headers (obx/laravel)');
 
 # The forced duplicate: a processed message produced again, to the partition
 # it is in, with the same key, payload and event_id header.
@@ -294,6 +299,14 @@ is($node->safe_psql('shop', "SELECT count(*) FROM orders WHERE id IN ($rb_orders
 		"SELECT count(*) FROM inventory.reservations WHERE order_id IN ($rb_orders) OR event_id IN ($rb_events)"),
 	'0/0/0', 'rolled-back orders: no order, no event, no reservation');
 ok(!grep({ $seen->{$_} } values %rolled_back), 'no rolled-back event reached the broker');
+
+# The package's artisan commands see the same: obx:status on the shop,
+# obx:status --consumers on the inventory, an empty obx:quarantine.
+like(artisan('obx:status'), qr/\|\s*\Q$topic\E\s*\|\s*0\s*\|\s*0\s*\|\s*$n_committed\s*\|\s*0\s*\|/,
+	"obx:status: $n_committed published, nothing pending, leased or quarantined");
+like(artisan('obx:status', '--connection=inventory', '--consumers'),
+	qr/\|\s*\Q$consumer\E\s*\|\s*$n_committed\s*\|/, "obx:status --consumers: $n_committed processed");
+unlike(artisan('obx:quarantine'), qr/\|\s*[0-9a-f]{8}-/, 'obx:quarantine lists no event');
 
 # The consumer's bookkeeping.
 is_deeply([ map { $_->[0] } @{ rows('inventory',

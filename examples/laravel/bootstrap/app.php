@@ -5,13 +5,17 @@
  * php-laravel-framework and php-illuminate-* packages (no Composer): the
  * service container, config, the database manager behind the DB and Schema
  * facades (registered by Laravel's own DatabaseServiceProvider), Eloquent,
- * the event dispatcher and the Artisan console.
+ * the event dispatcher and the Artisan console; and the obx/laravel package
+ * (clients/laravel): the Obx facade, the listener that enqueues
+ * ShouldPublishToKafka events, the obx:* commands.
  *
  * Returns the console application; artisan-like runs it.
  */
 
 // Debian installs the framework under /usr/share/php, on PHP's include_path.
 require_once 'Illuminate/autoload.php';
+// obx/laravel without Composer (with Composer: composer require obx/laravel).
+require_once __DIR__ . '/../../../clients/laravel/autoload.php';
 
 // Composer's PSR-4 mapping of a Laravel application, by hand.
 spl_autoload_register(function (string $class): void {
@@ -36,6 +40,7 @@ use Illuminate\Container\Container;
 use Illuminate\Database\DatabaseServiceProvider;
 use Illuminate\Events\Dispatcher;
 use Illuminate\Support\Facades\Facade;
+use Obx\Laravel\ObxServiceProvider;
 
 $app = new Container();
 Container::setInstance($app);
@@ -46,17 +51,26 @@ $app->instance('config', new Config([
     'database' => require __DIR__ . '/../config/database.php',
     'shop' => require __DIR__ . '/../config/shop.php',
     'inventory' => require __DIR__ . '/../config/inventory.php',
+    'obx' => require __DIR__ . '/../config/obx.php',
 ]));
 $app->instance('events', new Dispatcher($app));
 
-$db = new DatabaseServiceProvider($app);
-$db->register();
-$db->boot();
 // The aliases Laravel's Application registers, so commands can type-hint them.
+$app->alias('events', Illuminate\Contracts\Events\Dispatcher::class);
+$app->instance(Illuminate\Contracts\Container\Container::class, $app);
+
+// What config/app.php's providers list does in a full application.
+$providers = [new DatabaseServiceProvider($app), new ObxServiceProvider($app)];
+foreach ($providers as $provider) {
+    $provider->register();
+}
+foreach ($providers as $provider) {
+    $provider->boot();
+}
 $app->alias('db', Illuminate\Database\DatabaseManager::class);
 $app->alias('db', Illuminate\Database\ConnectionResolverInterface::class);
-$app->alias('events', Illuminate\Contracts\Events\Dispatcher::class);
 
+// The package's obx:* commands join through ObxServiceProvider::boot.
 $artisan = new Artisan($app, $app['events'], 'obx-laravel-example');
 $artisan->resolveCommands([
     App\Console\Commands\Migrate::class,

@@ -8,7 +8,9 @@ use Illuminate\Support\Facades\DB;
 
 /**
  * Saves an order and enqueues its OrderPlaced event in one database
- * transaction: the event exists if and only if the order does.  No Kafka
+ * transaction: the event exists if and only if the order does.  The event
+ * is dispatched with event(...); obx/laravel's listener enqueues it with
+ * obx.enqueue on the same connection, inside this transaction.  No Kafka
  * call happens here; obx's relay publishes the event after the commit.
  */
 final class PlaceOrder
@@ -40,21 +42,10 @@ final class PlaceOrder
             ]);
             $order->setRelation('lines', $order->lines()->createMany($data['lines']));
 
-            $event = OrderPlaced::fromOrder($order, $eventId, $this->topic, $this->schemaVersion);
-
             // The event id goes to obx as well as into the payload: the Kafka
             // header event_id and the body's eventId agree, and the inbox
             // deduplicates on it.
-            DB::select(
-                'select obx.enqueue(?, ?, ?::jsonb, event_type => ?, event_id => ?::uuid)',
-                [
-                    $event->topic(),
-                    $event->key(),
-                    json_encode($event->payload(), JSON_THROW_ON_ERROR),
-                    $event->type(),
-                    $event->id(),
-                ]
-            );
+            event(OrderPlaced::fromOrder($order, $eventId, $this->topic, $this->schemaVersion));
 
             if ($beforeCommit !== null) {
                 $beforeCommit($order);

@@ -3,10 +3,13 @@
 namespace App\Events;
 
 use App\Models\Order;
+use Obx\Laravel\Contracts\ShouldPublishToKafka;
 
 /**
  * The OrderPlaced integration event: the contract of topic orders.placed.v1,
- * built field by field from a saved order.  It is never the serialized
+ * built field by field from a saved order.  It publishes itself: dispatched
+ * with event(...) inside the order's DB::transaction, obx/laravel's listener
+ * enqueues it in that transaction.  It is never the serialized
  * Eloquent model ($order->toArray()): columns and relations may change, and
  * the row may hold data consumers have no business seeing.
  *
@@ -18,8 +21,10 @@ use App\Models\Order;
  *   orderId, customerId, totalMinor, currency
  *   lines          [{sku, qty}], what inventory reserves
  *   warehouse      version 2 only, optional: the warehouse the customer picked
+ *
+ * Kafka headers: event_id (= eventId), event_type, schema_version.
  */
-final class OrderPlaced
+final class OrderPlaced implements ShouldPublishToKafka
 {
     public const TYPE = 'OrderPlaced';
 
@@ -57,7 +62,8 @@ final class OrderPlaced
         return new self($topic, $order->id, $payload);
     }
 
-    public function id(): string
+    /** obx's event id, the Kafka header event_id: the inbox deduplicates on it. */
+    public function eventId(): string
     {
         return $this->payload['eventId'];
     }
@@ -65,6 +71,16 @@ final class OrderPlaced
     public function type(): string
     {
         return self::TYPE;
+    }
+
+    public function schemaVersion(): int
+    {
+        return $this->payload['schemaVersion'];
+    }
+
+    public function headers(): array
+    {
+        return [];
     }
 
     public function topic(): string

@@ -4,10 +4,12 @@ namespace App\Console\Commands;
 
 use Illuminate\Console\Command;
 use Illuminate\Support\Facades\DB;
+use Obx\Laravel\Facades\Obx;
 
 /**
  * Both sides at a glance: the shop's outbox (obx.status), the inventory
- * consumer (obx.consumers, obx.dead_letters) and the stock.
+ * consumer (obx.consumers) and the stock.  obx:status shows one database's
+ * outbox alone (--connection=inventory --consumers: the consumer).
  */
 class Status extends Command
 {
@@ -19,17 +21,13 @@ class Status extends Command
     {
         $this->info('shop: orders and outbox');
         $this->line(sprintf('orders: %d', DB::table('orders')->count()));
-        $this->table(['topic', 'pending', 'leased', 'published', 'quarantined', 'oldest pending age'],
-            $this->rows(DB::select(
-                'select topic, pending, leased, published, quarantined, oldest_pending_age::text
-                   from obx.status order by topic')));
+        $this->table(['topic', 'pending', 'leased', 'published', 'quarantined', 'failing',
+                      'oldest pending age', 'last error'], $this->rows(Obx::status()));
 
         $inventory = DB::connection('inventory');
         $this->info('inventory: consumer');
         $this->table(['consumer', 'processed', 'duplicates', 'dead lettered', 'retries', 'lag', 'dead letters pending'],
-            $this->rows($inventory->select(
-                'select consumer_name, processed, duplicates, dead_lettered, retries, lag, dead_letters_pending
-                   from obx.consumers order by consumer_name')));
+            $this->rows(Obx::connection('inventory')->consumers()));
 
         $this->info('inventory: stock');
         $this->table(['warehouse', 'sku', 'on hand', 'reserved', 'available'],

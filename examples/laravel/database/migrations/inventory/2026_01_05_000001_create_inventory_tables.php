@@ -4,6 +4,7 @@ use Illuminate\Database\Migrations\Migration;
 use Illuminate\Database\Schema\Blueprint;
 use Illuminate\Support\Facades\DB;
 use Illuminate\Support\Facades\Schema;
+use Obx\Laravel\Facades\Obx;
 
 /*
  * Inventory: obx (its inbox: subscriptions, processed_events, dead_letters)
@@ -16,7 +17,7 @@ return new class extends Migration
     public function up(): void
     {
         $db = DB::connection($this->connection);
-        $db->statement('CREATE EXTENSION IF NOT EXISTS obx');
+        Obx::connection($this->connection)->createExtension();
         $db->statement('CREATE SCHEMA inventory');
 
         Schema::connection($this->connection)->create('inventory.stock', function (Blueprint $table) {

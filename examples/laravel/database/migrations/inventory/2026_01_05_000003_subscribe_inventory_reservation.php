@@ -1,7 +1,7 @@
 <?php
 
 use Illuminate\Database\Migrations\Migration;
-use Illuminate\Support\Facades\DB;
+use Obx\Laravel\Facades\Obx;
 
 /*
  * Subscribes inventory.reserve_stock to the orders topic.  obx's consumer
@@ -20,21 +20,17 @@ return new class extends Migration
             $options['kafka'] = config('inventory.kafka');
         }
 
-        DB::connection($this->connection)->select(
-            "select obx.subscribe(?, string_to_array(?, ','),
-                                  'inventory.reserve_stock(obx.inbound_event)'::regprocedure,
-                                  ?::jsonb)",
-            [
-                config('inventory.consumer'),
-                implode(',', config('inventory.topics')),
-                json_encode($options),
-            ]
+        // obx.subscribe(consumer, topics, 'inventory.reserve_stock(obx.inbound_event)', options)
+        Obx::connection($this->connection)->subscribe(
+            config('inventory.consumer'),
+            config('inventory.topics'),
+            'inventory.reserve_stock(obx.inbound_event)',
+            $options
         );
     }
 
     public function down(): void
     {
-        DB::connection($this->connection)->select('select obx.unsubscribe(?)',
-            [config('inventory.consumer')]);
+        Obx::connection($this->connection)->unsubscribe(config('inventory.consumer'));
     }
 };

@@ -2,8 +2,8 @@
 
 use Illuminate\Database\Migrations\Migration;
 use Illuminate\Database\Schema\Blueprint;
-use Illuminate\Support\Facades\DB;
 use Illuminate\Support\Facades\Schema;
+use Obx\Laravel\Facades\Obx;
 
 /*
  * The shop: obx (its outbox, obx.enqueue) and the orders.  Creating the
@@ -16,7 +16,7 @@ return new class extends Migration
 
     public function up(): void
     {
-        DB::connection($this->connection)->statement('CREATE EXTENSION IF NOT EXISTS obx');
+        Obx::connection($this->connection)->createExtension();   // CREATE EXTENSION IF NOT EXISTS obx
 
         Schema::connection($this->connection)->create('orders', function (Blueprint $table) {
             $table->string('id', 40)->primary();        // ord_..., chosen by the application

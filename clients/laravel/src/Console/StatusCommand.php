@@ -1,0 +1,25 @@
+<?php
+
+namespace Obx\Laravel\Console;
+
+/** obx:status: the outbox per topic (obx.status) and the consumers (obx.consumers). */
+class StatusCommand extends ObxCommand
+{
+    protected $signature = 'obx:status
+        {--connection= : the database connection (default: config obx.connection)}
+        {--consumers : also show the in-database consumers of this database}';
+
+    protected $description = 'Show the obx outbox per topic: pending, leased, published, quarantined';
+
+    public function handle(): int
+    {
+        $outbox = $this->outbox();
+        $this->table(['topic', 'pending', 'leased', 'published', 'quarantined', 'failing',
+                      'oldest pending age', 'last error'], $this->rows($outbox->status()));
+        if ($this->option('consumers')) {
+            $this->table(['consumer', 'processed', 'duplicates', 'dead lettered', 'retries', 'lag',
+                          'dead letters pending'], $this->rows($outbox->consumers()));
+        }
+        return 0;
+    }
+}

@@ -1,0 +1,47 @@
+<?php
+
+namespace Obx\Laravel\Facades;
+
+use Illuminate\Support\Facades\Facade;
+use Obx\Laravel\Testing\ObxFake;
+
+/**
+ * obx's transactional outbox, from anywhere in a Laravel application.
+ *
+ * @method static string enqueue(string $topic, string $key, array|\JsonSerializable $payload, ?string $type = null, ?string $id = null, array $headers = [], ?string $aggregateId = null)
+ * @method static string[] enqueueMany(string $topic, array $keys, array $payloads, ?string $type = null, array $headers = [])
+ * @method static string publish(\Obx\Laravel\Contracts\ShouldPublishToKafka $event)
+ * @method static \Obx\Laravel\Outbox connection(?string $name)
+ * @method static void createExtension()
+ * @method static void subscribe(string $consumer, array|string $topics, string $handler, array $options = [])
+ * @method static bool unsubscribe(string $consumer)
+ * @method static array status()
+ * @method static array consumers()
+ * @method static array quarantine(?string $topic = null)
+ * @method static bool retry(string $id)
+ * @method static int retryQuarantined(?string $topic = null)
+ * @method static bool skip(string $id, string $reason)
+ * @method static int replay(array $ids)
+ * @method static int replayTopic(string $topic, string $since, ?string $until = null)
+ * @method static void assertEnqueued(string $topic, ?callable $callback = null)
+ * @method static void assertEnqueuedTimes(string $topic, int $times, ?callable $callback = null)
+ * @method static void assertNotEnqueued(string $topic, ?callable $callback = null)
+ * @method static void assertNothingEnqueued()
+ *
+ * @see \Obx\Laravel\Outbox
+ * @see \Obx\Laravel\Testing\ObxFake
+ */
+class Obx extends Facade
+{
+    /** Replaces the outbox with a fake that records events; returns it. */
+    public static function fake(): ObxFake
+    {
+        static::swap($fake = new ObxFake());
+        return $fake;
+    }
+
+    protected static function getFacadeAccessor(): string
+    {
+        return 'obx';
+    }
+}

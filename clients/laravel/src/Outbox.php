@@ -1,0 +1,234 @@
+<?php
+
+namespace Obx\Laravel;
+
+use Illuminate\Database\ConnectionInterface;
+use Illuminate\Database\ConnectionResolverInterface;
+use LogicException;
+use Obx\Laravel\Contracts\ShouldPublishToKafka;
+use Obx\Laravel\Exceptions\InvalidEvent;
+use Obx\Laravel\Exceptions\NotInTransaction;
+
+/**
+ * obx's SQL functions for a Laravel connection: the object behind the Obx
+ * facade.  Every call is one statement with bound parameters on the
+ * connection (config obx.connection, or the default one); enqueue runs in
+ * the caller's transaction, if any.  No Kafka client is involved: obx's
+ * relay, inside PostgreSQL, publishes after the commit.
+ */
+class Outbox
+{
+    public const REFUSE = 'refuse';
+    public const OWN_TRANSACTION = 'own_transaction';
+
+    public function __construct(
+        private ?ConnectionResolverInterface $db,
+        private ?string $connection = null,
+        private string $outsideTransaction = self::REFUSE,
+    ) {
+        if (!in_array($outsideTransaction, [self::REFUSE, self::OWN_TRANSACTION], true)) {
+            throw new \InvalidArgumentException(sprintf(
+                'obx.outside_transaction must be "%s" or "%s", not "%s"',
+                self::REFUSE, self::OWN_TRANSACTION, $outsideTransaction));
+        }
+    }
+
+    /** The same outbox on another connection (a database of its own). */
+    public function connection(?string $name): static
+    {
+        $clone = clone $this;
+        $clone->connection = $name;
+        return $clone;
+    }
+
+    /**
+     * Stores one event in obx.outbox_events, in the connection's current
+     * transaction, and returns its id (a uuid).  $id: reuse one to make a
+     * retried business action idempotent.  $headers: extra Kafka headers,
+     * name => string.
+     *
+     * @param array|\JsonSerializable $payload
+     * @throws InvalidEvent before any SQL, for a payload or headers obx would refuse
+     */
+    public function enqueue(string $topic, string $key, $payload, ?string $type = null,
+                            ?string $id = null, array $headers = [], ?string $aggregateId = null): string
+    {
+        $json = Payload::encode($payload);
+        $headersJson = Payload::headers($headers);
+
+        $row = $this->db()->selectOne(
+            'select obx.enqueue(topic => ?, event_key => ?, payload => ?::jsonb,
+                                aggregate_id => ?, event_type => ?, headers => ?::jsonb,
+                                event_id => ?::uuid) as id',
+            [$topic, $key, $json, $aggregateId, $type, $headersJson, $id]
+        );
+        return $row->id;
+    }
+
+    /**
+     * Enqueues one event per key/payload pair, all in one transaction (the
+     * caller's, or a new one), and returns their ids in order.  It calls
+     * obx.enqueue once per event.
+     *
+     * @param string[] $keys
+     * @param array[]|\JsonSerializable[] $payloads
+     * @return string[]
+     */
+    public function enqueueMany(string $topic, array $keys, array $payloads, ?string $type = null,
+                                array $headers = []): array
+    {
+        if (count($keys) !== count($payloads)) {
+            throw new InvalidEvent(sprintf('obx enqueueMany needs as many keys as payloads (%d keys, %d payloads)',
+                count($keys), count($payloads)));
+        }
+        $keys = array_values($keys);
+        $payloads = array_values($payloads);
+        foreach ($payloads as $payload) {
+            Payload::encode($payload);      // refuse them all before the first insert
+        }
+        return $this->db()->transaction(function () use ($topic, $keys, $payloads, $type, $headers) {
+            $ids = [];
+            foreach ($keys as $i => $key) {
+                $ids[] = $this->enqueue($topic, $key, $payloads[$i], $type, null, $headers);
+            }
+            return $ids;
+        });
+    }
+
+    /**
+     * Enqueues a ShouldPublishToKafka event (what the listener calls).
+     * Outside a transaction it throws NotInTransaction, unless
+     * obx.outside_transaction is "own_transaction".
+     */
+    public function publish(ShouldPublishToKafka $event): string
+    {
+        $headers = $event->headers();
+        if ($event->schemaVersion() !== null) {
+            $headers['schema_version'] = (string) $event->schemaVersion();
+        }
+        $enqueue = fn () => $this->enqueue($event->topic(), $event->key(), $event->payload(),
+            $event->type(), $event->eventId(), $headers);
+
+        if ($this->db()->transactionLevel() > 0) {
+            return $enqueue();
+        }
+        if ($this->outsideTransaction === self::OWN_TRANSACTION) {
+            return $this->db()->transaction($enqueue);
+        }
+        throw new NotInTransaction(sprintf(
+            'obx event %s dispatched outside a database transaction on connection "%s"; '
+            . 'dispatch it inside DB::transaction with the writes it reports '
+            . '(or set obx.outside_transaction to "own_transaction")',
+            get_class($event), $this->db()->getName()));
+    }
+
+    /** CREATE EXTENSION IF NOT EXISTS obx (needs a superuser, once per database). */
+    public function createExtension(): void
+    {
+        $this->db()->statement('CREATE EXTENSION IF NOT EXISTS obx');
+    }
+
+    /**
+     * obx.subscribe: obx's consumer workers call $handler, a function taking
+     * one obx.inbound_event ("inventory.reserve_stock" or its full
+     * signature), once per new event of $topics, as consumer group
+     * $consumer.  $options: start, kafka, retry_sqlstates,
+     * handler_timeout_ms (docs/sql.md).
+     */
+    public function subscribe(string $consumer, array|string $topics, string $handler, array $options = []): void
+    {
+        if (!str_contains($handler, '(')) {
+            $handler .= '(obx.inbound_event)';
+        }
+        $this->db()->select(
+            'select obx.subscribe(?, array(select jsonb_array_elements_text(?::jsonb)),
+                                  ?::text::regprocedure, ?::jsonb)',
+            [$consumer, json_encode(array_values((array) $topics), JSON_THROW_ON_ERROR), $handler,
+             json_encode((object) $options, JSON_THROW_ON_ERROR)]
+        );
+    }
+
+    /** obx.unsubscribe: true if the subscription existed. */
+    public function unsubscribe(string $consumer): bool
+    {
+        return (bool) $this->db()->selectOne('select obx.unsubscribe(?) as ok', [$consumer])->ok;
+    }
+
+    /** obx.status: one row per topic. */
+    public function status(): array
+    {
+        return $this->db()->select(
+            'select topic, pending, leased, published, quarantined, failing,
+                    oldest_pending_age::text as oldest_pending_age, last_error
+               from obx.status order by topic');
+    }
+
+    /** obx.consumers: one row per subscription of this database. */
+    public function consumers(): array
+    {
+        return $this->db()->select(
+            'select consumer_name, processed, duplicates, dead_lettered, retries, lag,
+                    dead_letters_pending
+               from obx.consumers order by consumer_name');
+    }
+
+    /** obx.quarantine, oldest first, optionally of one topic. */
+    public function quarantine(?string $topic = null): array
+    {
+        return $this->db()->select(
+            'select id, topic, event_key, event_type, attempts, last_error_class, last_error,
+                    quarantined_at
+               from obx.quarantine
+              where ? :: text is null or topic = ?
+              order by quarantined_at, id',
+            [$topic, $topic]);
+    }
+
+    /** obx.retry: true if the event was quarantined or backing off. */
+    public function retry(string $id): bool
+    {
+        return (bool) $this->db()->selectOne('select obx.retry(?::uuid) as ok', [$id])->ok;
+    }
+
+    /** obx.retry_quarantined: how many quarantined events were made publishable. */
+    public function retryQuarantined(?string $topic = null): int
+    {
+        return (int) $this->db()->selectOne('select obx.retry_quarantined(?) as n', [$topic])->n;
+    }
+
+    /** obx.skip: gives up on a quarantined event for good; true if it was one. */
+    public function skip(string $id, string $reason): bool
+    {
+        return (bool) $this->db()->selectOne('select obx.skip(?::uuid, ?) as ok', [$id, $reason])->ok;
+    }
+
+    /**
+     * obx.replay of published events by id: how many were reset.
+     *
+     * @param string[] $ids
+     */
+    public function replay(array $ids): int
+    {
+        return (int) $this->db()->selectOne(
+            'select obx.replay(array(select jsonb_array_elements_text(?::jsonb)::uuid)) as n',
+            [json_encode(array_values($ids), JSON_THROW_ON_ERROR)])->n;
+    }
+
+    /** obx.replay of a topic's published events with $since <= occurred_at < $until. */
+    public function replayTopic(string $topic, string $since, ?string $until = null): int
+    {
+        return (int) $this->db()->selectOne(
+            "select obx.replay(?, ?::timestamptz, coalesce(?::timestamptz, 'infinity')) as n",
+            [$topic, $since, $until])->n;
+    }
+
+    /** The connection obx's functions are called on. */
+    public function db(): ConnectionInterface
+    {
+        if ($this->db === null) {
+            throw new LogicException('this obx outbox has no database (Obx::fake() fakes enqueue, '
+                . 'publish, enqueueMany, createExtension and subscribe only)');
+        }
+        return $this->db->connection($this->connection);
+    }
+}
