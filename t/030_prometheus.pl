@@ -22,7 +22,8 @@
 # itself from every published event's published_at - occurred_at, and its
 # count and sum must match; each event's Kafka timestamp (set when the
 # relay produced it) lies between the two.  The one-minute p50 and p99
-# equal the test's own percentiles of those latencies.
+# equal the test's own percentiles of those latencies.  Beyond 64 topics
+# the events are counted under "(other)", none lost or counted twice.
 #
 # No silent dead end: obx.workers names the database its workers serve;
 # a database that obx.database does not name gets a warning from CREATE
@@ -314,6 +315,32 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM obx.status WHERE problem I
 	'obx.status in the served database shows no problem');
 
 #
+# Step 7: the histogram keeps 64 topics; the events of later ones are
+# counted under topic "(other)".  70 new topics, 2 events each, in one
+# transaction: every published event is counted exactly once, each named
+# topic with its own count.
+#
+$sql = "BEGIN;\n";
+for my $t (1 .. 70)
+{
+	$sql .= "SELECT obx.enqueue('lat.many.$t', 'k', '{\"n\": $_}');\n" for 1 .. 2;
+}
+$sql .= "COMMIT;\n";
+$node->safe_psql('postgres', $sql);
+ok(all_published($node), 'the events of 70 more topics are published');
+my %published_per_topic = map { split /\|/ } split /\n/, $node->safe_psql('postgres',
+	'SELECT topic, count(*) FROM obx.outbox_events WHERE published_at IS NOT NULL GROUP BY topic');
+$m = wait_metrics('the histogram to count every published event', sub {
+	sum_of(shift, 'obx_publish_latency_seconds_count') == sum_of_values(\%published_per_topic) });
+my %counted = map { $_->{labels}{topic} => $_->{value} } samples($m, 'obx_publish_latency_seconds_count');
+is(scalar(keys %counted), 65, 'the histogram has 64 topics and "(other)"');
+my @wrong = grep { $_ ne '(other)' && $counted{$_} != ($published_per_topic{$_} // -1) } sort keys %counted;
+is_deeply(\@wrong, [], 'each named topic counts exactly its published events');
+my $named = sum_of_values({ map { $_ => $published_per_topic{$_} } grep { $_ ne '(other)' } keys %counted });
+is($counted{'(other)'}, sum_of_values(\%published_per_topic) - $named,
+	'"(other)" counts the published events of every topic without a row of its own');
+
+#
 # Consumer metrics: a subscription on the orders topic applies its events;
 # one handler error is dead-lettered.  Lag, counters and pending dead
 # letters must match obx.consumer_status and obx.consumers.
@@ -374,6 +401,14 @@ sub wait_metrics_for
 {
 	my ($what, $cond, $seconds) = @_;
 	return defined scrape_until($exp, $cond, $what, $seconds);
+}
+
+sub sum_of_values
+{
+	my ($h) = @_;
+	my $sum = 0;
+	$sum += $_ for values %$h;
+	return $sum;
 }
 
 sub sum_of
