@@ -376,6 +376,20 @@ is(sum_of($m, 'obx_consumer_partition_processed_total'),
 is($m->{type}{obx_consumer_partition_lag}, 'gauge', 'consumer lag is a gauge');
 is($m->{type}{obx_consumer_partition_processed_total}, 'counter', 'processed_total is a counter');
 
+# The example alert rules: promtool's unit test (Debian's prometheus
+# package) fires the p99 rule on a slow topic only, and the unserved rule.
+SKIP:
+{
+	skip 'promtool not installed (Debian package prometheus)', 1
+	  unless grep { -x "$_/promtool" } split /:/, $ENV{PATH};
+	my ($ok, $rules_out) = (0, '');
+	$ok = IPC::Run::run(
+		[ 'promtool', 'test', 'rules', "$FindBin::RealBin/../monitoring/obx-alerts-test.yaml" ],
+		'<', \undef, '>&', \$rules_out);
+	ok($ok, 'promtool: the alert rules of monitoring/obx-alerts.yaml pass their unit test')
+	  or diag($rules_out);
+}
+
 my $log = slurp_file($exp->{log});
 unlike($log, qr/Error running query|level=error/, 'the exporter logged no query error');
 ok(stop_exporter($exp), 'the exporter is stopped');
