@@ -898,7 +898,7 @@ SELECT e.topic,
 	   count(*) AS events,
 	   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)) AS p50,
 	   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)) AS p99,
-	   interval '1 minute' AS "window"
+	   interval '1 minute' AS window_length
   FROM obx.outbox_events e
  WHERE e.published_at IS NOT NULL
    AND e.published_at > now() - interval '1 minute'
