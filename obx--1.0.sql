@@ -366,6 +366,7 @@ $$;
 
 CREATE FUNCTION obx.worker_status(
 	OUT worker integer,
+	OUT database text,
 	OUT pid integer,
 	OUT state text,
 	OUT batches bigint,
@@ -378,6 +379,37 @@ CREATE FUNCTION obx.worker_status(
 	OUT events_per_second float8)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'obx_worker_status'
+LANGUAGE C VOLATILE;
+
+/*
+ * Whether a relay of this server publishes the current database's outbox:
+ * NULL if one does, else why not (obx.status.problem).  _warn_unserved
+ * raises the warning the end of this script and a session's first
+ * obx.enqueue give then.  See src/status.c.
+ */
+CREATE FUNCTION obx._relay_problem()
+RETURNS text
+AS 'MODULE_PATHNAME', 'obx_relay_problem'
+LANGUAGE C STABLE;
+
+CREATE FUNCTION obx._warn_unserved()
+RETURNS void
+AS 'MODULE_PATHNAME', 'obx_warn_unserved'
+LANGUAGE C VOLATILE;
+
+/*
+ * Publish latency per topic, from enqueue (occurred_at) to the broker's
+ * acknowledgement (published_at), counted in shared memory by the relay
+ * as it records deliveries: Prometheus-style cumulative buckets.  See
+ * src/latency.c.
+ */
+CREATE FUNCTION obx.publish_latency_buckets(
+	OUT topic text,
+	OUT le float8,
+	OUT count bigint,
+	OUT sum float8)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'obx_publish_latency'
 LANGUAGE C VOLATILE;
 
 /* ---------------------------------------------------------------------
@@ -831,7 +863,8 @@ SELECT e.topic,
 	   max(e.published_at) AS last_published_at,
 	   (array_agg(e.last_error ORDER BY e.last_error_at DESC)
 		  FILTER (WHERE e.last_error IS NOT NULL))[1] AS last_error,
-	   max(e.last_error_at) AS last_error_at
+	   max(e.last_error_at) AS last_error_at,
+	   obx._relay_problem() AS problem
   FROM obx.outbox_events e
   LEFT JOIN leased l ON l.id = e.id
  GROUP BY e.topic;
@@ -850,6 +883,26 @@ SELECT e.id, e.topic, e.event_key, e.event_type, e.attempts,
  WHERE e.quarantined_at IS NOT NULL AND e.published_at IS NULL;
 
 CREATE VIEW obx.workers AS SELECT * FROM obx.worker_status();
+
+/* Cumulative histogram per topic since the server started (src/latency.c). */
+CREATE VIEW obx.publish_latency AS SELECT * FROM obx.publish_latency_buckets();
+
+/*
+ * Median and 99th percentile of the publish latency per topic over the
+ * last minute, from the retained events themselves (the published_at
+ * index finds them).  Reads every event published in the window: at high
+ * rates prefer histogram_quantile over obx_publish_latency_seconds.
+ */
+CREATE VIEW obx.publish_latency_summary AS
+SELECT e.topic,
+	   count(*) AS events,
+	   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)) AS p50,
+	   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)) AS p99,
+	   interval '1 minute' AS window_length
+  FROM obx.outbox_events e
+ WHERE e.published_at IS NOT NULL
+   AND e.published_at > now() - interval '1 minute'
+ GROUP BY e.topic;
 
 /*
  * Error texts (a handler's errors can quote the data it was given) are
@@ -923,6 +976,10 @@ GRANT EXECUTE ON FUNCTION obx.worker_status(),
 	obx._subscription_problem(obx.subscriptions),
 	obx.subscription_kafka_properties() TO PUBLIC;
 
+/* The same for obx.status and obx.publish_latency. */
+GRANT EXECUTE ON FUNCTION obx._relay_problem(),
+	obx.publish_latency_buckets() TO PUBLIC;
+
 /* ---------------------------------------------------------------------
  * Comments
  * --------------------------------------------------------------------- */
@@ -978,13 +1035,17 @@ COMMENT ON FUNCTION obx.replay_dead_letter(bigint[]) IS
 COMMENT ON FUNCTION obx.replay_dead_letter(text) IS
 	'Apply every dead letter of this consumer not yet replayed; returns how many succeeded';
 COMMENT ON VIEW obx.status IS
-	'Per topic: pending, leased, published (still retained), quarantined, age of the oldest unpublished event, last error';
+	'Per topic: pending, leased, published (still retained), quarantined, age of the oldest unpublished event, last error, and why no relay publishes them (problem)';
 COMMENT ON VIEW obx.leased_events IS
 	'Events leased to a relay worker (an expired lease stays until the next claim removes it)';
 COMMENT ON VIEW obx.quarantine IS
 	'Events the relay gave up on, with their errors; obx.retry(id) sends one again';
 COMMENT ON VIEW obx.workers IS
-	'One row per relay worker: state, counters, events/s, last success and last error';
+	'One row per relay worker: the database it serves, state, counters, events/s, last success and last error';
+COMMENT ON VIEW obx.publish_latency IS
+	'Per topic, enqueue to Kafka acknowledgement: cumulative counts of events whose latency was at most le seconds, and the sum in seconds, since the server started';
+COMMENT ON VIEW obx.publish_latency_summary IS
+	'Per topic, median and 99th percentile of enqueue to Kafka acknowledgement, in seconds, over the events published in the last minute';
 COMMENT ON VIEW obx.consumer_status IS
 	'Per consumer, topic and partition: position, lag, processed, duplicates, dead letters, retries, last error';
 COMMENT ON VIEW obx.consumers IS
@@ -1004,3 +1065,10 @@ SELECT pg_catalog.pg_extension_config_dump('obx.consumer_partitions', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.dead_letters', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.dead_letters_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.consumer_owners', '');
+
+/* ---------------------------------------------------------------------
+ * No silent dead end: warn now if no relay of this server will publish
+ * this database's outbox (src/status.c).
+ * --------------------------------------------------------------------- */
+
+SELECT obx._warn_unserved();

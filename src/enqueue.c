@@ -23,6 +23,7 @@
 #include "utils/uuid.h"
 
 #include "obx.h"
+#include "status.h"
 #include "turns.h"
 #include "worker.h"
 
@@ -503,6 +504,7 @@ obx_enqueue(PG_FUNCTION_ARGS)
 {
 	EnqueueEvent ev;
 
+	obx_warn_if_unserved();
 	read_event(fcinfo, &ev);
 	if (insert_event(&ev))
 		wake_workers_at_commit();

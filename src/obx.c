@@ -25,6 +25,7 @@
 #include "utils/guc.h"
 
 #include "obx.h"
+#include "latency.h"
 #include "turns.h"
 #include "worker.h"
 
@@ -52,6 +53,7 @@ bool obx_quarantine_blocks_key = true;
 int obx_shutdown_timeout_ms = 5000;
 int obx_consumer_workers = 1;
 char *obx_consumer_database = NULL;
+bool obx_warn_without_relay = true;
 
 ObxShared *obx_shared = NULL;
 
@@ -289,6 +291,17 @@ define_gucs(void)
 							 PGC_SIGHUP, 0,
 							 NULL, NULL, NULL);
 
+	DefineCustomBoolVariable("obx.warn_without_relay",
+							 "Whether CREATE EXTENSION and a session's first "
+							 "obx.enqueue warn when no relay publishes this "
+							 "database's outbox.",
+							 "Turn it off where events are enqueued on purpose "
+							 "for a relay that is not running yet.",
+							 &obx_warn_without_relay,
+							 true,
+							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
+
 	DefineCustomIntVariable("obx.shutdown_timeout",
 							"How long a stopping worker waits for in-flight "
 							"deliveries.",
@@ -307,6 +320,7 @@ obx_shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(sizeof(ObxShared)));
+	obx_latency_shmem_request();
 }
 
 static void
@@ -328,5 +342,6 @@ obx_shmem_startup(void)
 			SpinLockInit(&obx_shared->workers[i].mutex);
 		obx_turns_shmem_init(obx_shared);
 	}
+	obx_latency_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }

@@ -19,7 +19,9 @@
  *	  kafka_conf.c	from obx's settings to a librdkafka handle; who may set
  *				which property; the properties file
  *	  enqueue.c	SQL-callable enqueue and the commit wake-up
- *	  status.c	worker status in shared memory and its SQL view
+ *	  status.c	worker status in shared memory and its SQL view; whether a
+ *				relay serves this database
+ *	  latency.c	publish latency histogram per topic in shared memory
  *	  consumer.c	the consumer worker's loop: messages, held partitions,
  *				offsets
  *	  consumer_group.c	its Kafka consumers, one per subscription
@@ -70,6 +72,7 @@ extern bool obx_quarantine_blocks_key;
 extern int obx_shutdown_timeout_ms;
 extern int obx_consumer_workers;
 extern char *obx_consumer_database;
+extern bool obx_warn_without_relay;
 
 /*
  * What a relay worker is doing, as shown by obx.workers.

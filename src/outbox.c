@@ -34,6 +34,7 @@
 
 #include "obx.h"
 #include "kafka.h"
+#include "latency.h"
 #include "turns.h"
 #include "worker.h"
 #include "outbox.h"
@@ -52,7 +53,8 @@ static SPIPlanPtr renew_plan = NULL;
  * Delivered events: published, with where they landed and when the worker
  * received Kafka's acknowledgement.  No lease check: a delivery is a fact,
  * whoever reports it (a stale worker's late report included; the event is
- * then simply not sent again).
+ * then simply not sent again).  Returns the rows it published, for the
+ * latency histogram (latency.c).
  */
 #define DELIVERED_UPDATE                                                    \
 	"UPDATE obx.outbox_events e"                                            \
@@ -63,7 +65,8 @@ static SPIPlanPtr renew_plan = NULL;
 	"                  pg_catalog.unnest($3::pg_catalog.int8[]),"           \
 	"                  pg_catalog.unnest($4::pg_catalog.timestamptz[]))"    \
 	"       AS d(id, p, o, t)"                                              \
-	" WHERE e.id = d.id AND e.published_at IS NULL"
+	" WHERE e.id = d.id AND e.published_at IS NULL"                         \
+	" RETURNING e.topic, e.occurred_at, e.published_at"
 
 static const char *delivered_sql = DELIVERED_UPDATE;
 
@@ -178,10 +181,13 @@ end_lease(int64 lease_id)
 
 /*
  * Mark delivered events published; with end_lease, also end the batch's
- * lease (lease_id) in the same statement.
+ * lease (lease_id) in the same statement.  Each event it published goes
+ * into latencies (allocated in the memory context keep, which outlives the
+ * step), to be counted once the step has committed.
  */
 static int
-record_delivered(ObxEvent **events, int n, bool end_lease, int64 lease_id)
+record_delivered(ObxEvent **events, int n, bool end_lease, int64 lease_id,
+				 ObxLatencySample *latencies, MemoryContext keep)
 {
 	Datum *parts = palloc(sizeof(Datum) * n);
 	Datum *offsets = palloc(sizeof(Datum) * n);
@@ -208,10 +214,22 @@ record_delivered(ObxEvent **events, int n, bool end_lease, int64 lease_id)
 	args[4] = Int64GetDatum(lease_id);
 	rc = SPI_execute_plan(end_lease ? delivered_end_plan : delivered_plan, args, NULL,
 						  false, 0);
-	if (rc != SPI_OK_UPDATE)
+	if (rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "obx could not mark events published: %s",
 			 SPI_result_code_string(rc));
 	/* Rows this call published; a stale worker's late reports publish none. */
+	for (i = 0; i < (int) SPI_processed; i++)
+	{
+		HeapTuple tup = SPI_tuptable->vals[i];
+		TupleDesc desc = SPI_tuptable->tupdesc;
+		bool isnull;
+		TimestampTz occurred = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
+		TimestampTz published = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3, &isnull));
+		char *topic = SPI_getvalue(tup, desc, 1);
+
+		latencies[i].topic = MemoryContextStrdup(keep, topic);
+		latencies[i].latency_us = published - occurred;
+	}
 	return (int) SPI_processed;
 }
 
@@ -304,6 +322,7 @@ obx_outbox_record(ObxBatch *batch)
 	MemoryContext caller;
 	ObxEvent **delivered;
 	ObxEvent **failed;
+	ObxLatencySample *latencies;
 	int ndelivered = 0;
 	int nfailed = 0;
 	int i;
@@ -315,6 +334,7 @@ obx_outbox_record(ObxBatch *batch)
 
 	delivered = palloc(sizeof(ObxEvent *) * batch->nevents);
 	failed = palloc(sizeof(ObxEvent *) * batch->nevents);
+	latencies = palloc(sizeof(ObxLatencySample) * batch->nevents);
 	for (i = 0; i < batch->nevents; i++)
 	{
 		ObxEvent *ev = &batch->events[i];
@@ -348,12 +368,15 @@ obx_outbox_record(ObxBatch *batch)
 	/* The usual batch, every event delivered: one statement. */
 	if (nfailed == 0 && ndelivered > 0)
 	{
-		published = record_delivered(delivered, ndelivered, true, batch->lease_id);
+		published = record_delivered(delivered, ndelivered, true, batch->lease_id,
+									 latencies, caller);
 		obx_step_end(caller);
+		obx_latency_add(latencies, published);
 		return published;
 	}
 	if (ndelivered > 0)
-		published = record_delivered(delivered, ndelivered, false, 0);
+		published = record_delivered(delivered, ndelivered, false, 0,
+									 latencies, caller);
 	if (nfailed > 0)
 	{
 		rc = SPI_execute_plan(held_plan, lease_arg, NULL, false, 0);
@@ -369,6 +392,7 @@ obx_outbox_record(ObxBatch *batch)
 	}
 	end_lease(batch->lease_id);
 	obx_step_end(caller);
+	obx_latency_add(latencies, published);
 	return published;
 }
 

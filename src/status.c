@@ -11,6 +11,7 @@
 #include "postgres.h"
 
 #include "catalog/pg_authid.h"
+#include "commands/dbcommands.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -24,6 +25,8 @@
 #include "status.h"
 
 PG_FUNCTION_INFO_V1(obx_worker_status);
+PG_FUNCTION_INFO_V1(obx_relay_problem);
+PG_FUNCTION_INFO_V1(obx_warn_unserved);
 
 /* events/s is measured over the last one to two windows of this length */
 #define OBX_RATE_WINDOW_MS 10000
@@ -158,32 +161,138 @@ obx_worker_status(PG_FUNCTION_ARGS)
 	{
 		ObxWorkerSlot *slot = &obx_shared->workers[i];
 		ObxWorkerSlot copy;
-		Datum values[11];
-		bool nulls[11] = {0};
+		Datum values[12];
+		bool nulls[12] = {0};
 
 		SpinLockAcquire(&slot->mutex);
 		memcpy(&copy, slot, sizeof(copy));
 		SpinLockRelease(&slot->mutex);
 
 		values[0] = Int32GetDatum(i);
-		values[1] = Int32GetDatum(copy.pid);
-		nulls[1] = (copy.pid == 0);
-		values[2] = CStringGetTextDatum(state_name(&copy));
-		values[3] = Int64GetDatum(copy.batches);
-		values[4] = Int64GetDatum(copy.published);
-		values[5] = Int64GetDatum(copy.errors);
-		values[6] = TimestampTzGetDatum(copy.started_at);
-		nulls[6] = (copy.started_at == 0);
-		values[7] = TimestampTzGetDatum(copy.last_success_at);
-		nulls[7] = (copy.last_success_at == 0);
-		values[8] = TimestampTzGetDatum(copy.last_error_at);
-		nulls[8] = (copy.last_error_at == 0);
-		values[9] = CStringGetTextDatum(copy.last_error);
-		nulls[9] = (copy.last_error[0] == '\0' || !see_errors);
-		values[10] = Float8GetDatum(events_per_second(&copy, GetCurrentTimestamp()));
+		/* every relay worker serves obx.database, fixed at server start */
+		values[1] = CStringGetTextDatum(obx_database);
+		values[2] = Int32GetDatum(copy.pid);
+		nulls[2] = (copy.pid == 0);
+		values[3] = CStringGetTextDatum(state_name(&copy));
+		values[4] = Int64GetDatum(copy.batches);
+		values[5] = Int64GetDatum(copy.published);
+		values[6] = Int64GetDatum(copy.errors);
+		values[7] = TimestampTzGetDatum(copy.started_at);
+		nulls[7] = (copy.started_at == 0);
+		values[8] = TimestampTzGetDatum(copy.last_success_at);
+		nulls[8] = (copy.last_success_at == 0);
+		values[9] = TimestampTzGetDatum(copy.last_error_at);
+		nulls[9] = (copy.last_error_at == 0);
+		values[10] = CStringGetTextDatum(copy.last_error);
+		nulls[10] = (copy.last_error[0] == '\0' || !see_errors);
+		values[11] = Float8GetDatum(events_per_second(&copy, GetCurrentTimestamp()));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
+}
+
+/*
+ * Whether a relay serves the current database.  A relay runs only when obx
+ * was loaded by shared_preload_libraries (obx_shared is then set up by the
+ * postmaster; a library loaded by CREATE EXTENSION or a call has none),
+ * with obx.workers above 0, and it publishes the outbox of obx.database
+ * only.  Returns NULL when a relay serves this database; otherwise sets
+ * *detail and *hint and returns a short reason, as obx.status shows it.
+ */
+static const char *
+relay_problem(char **detail, char **hint)
+{
+	char *here = get_database_name(MyDatabaseId);
+
+	if (obx_shared == NULL)
+	{
+		*detail = pstrdup("obx is not in shared_preload_libraries, so no relay worker runs on this server.");
+		*hint = pstrdup("Add obx to shared_preload_libraries and restart the server.");
+		return "obx not in shared_preload_libraries";
+	}
+	if (obx_workers == 0)
+	{
+		*detail = pstrdup("obx.workers is 0.");
+		*hint = psprintf("Set obx.workers to 1 or more%s and restart the server.",
+						 strcmp(obx_database, here) != 0
+							 ? psprintf(" and obx.database to '%s'", here)
+							 : "");
+		return "obx.workers is 0";
+	}
+	if (strcmp(obx_database, here) != 0)
+	{
+		*detail = psprintf("The relay workers publish the outbox of database \"%s\" (obx.database).",
+						   obx_database);
+		*hint = psprintf("Set obx.database to '%s' and restart the server, or use the "
+						 "outbox of database \"%s\".",
+						 here, obx_database);
+		return psprintf("obx.database is '%s'", obx_database);
+	}
+	return NULL;
+}
+
+/*
+ * obx_warn_if_unserved
+ *		Warn, once per session, that events enqueued here will not be
+ *		published by any relay of this server.  Only a warning: the events
+ *		are kept and go out once a relay serves the database.
+ */
+void
+obx_warn_if_unserved(void)
+{
+	static bool checked = false;
+
+	if (checked)
+		return;
+	checked = true;
+	obx_warn_unserved_now();
+}
+
+/* The warning itself (also CREATE EXTENSION's). */
+void
+obx_warn_unserved_now(void)
+{
+	char *detail;
+	char *hint;
+	char *here;
+
+	if (!obx_warn_without_relay || relay_problem(&detail, &hint) == NULL)
+		return;
+	here = get_database_name(MyDatabaseId);
+	ereport(WARNING,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("no obx relay publishes the outbox of database \"%s\": "
+					"events enqueued here stay in the outbox",
+					here),
+			 errdetail("%s", detail),
+			 errhint("%s", hint)));
+}
+
+/*
+ * obx._relay_problem() returns text: NULL when a relay of this server
+ * publishes the current database's outbox, otherwise why none does (the
+ * problem column of obx.status).
+ */
+Datum
+obx_relay_problem(PG_FUNCTION_ARGS)
+{
+	char *detail;
+	char *hint;
+	const char *problem = relay_problem(&detail, &hint);
+
+	if (problem == NULL)
+		PG_RETURN_NULL();
+	PG_RETURN_TEXT_P(cstring_to_text(psprintf("no relay serves this database: %s", problem)));
+}
+
+/*
+ * obx._warn_unserved() returns void: the warning of CREATE EXTENSION.
+ */
+Datum
+obx_warn_unserved(PG_FUNCTION_ARGS)
+{
+	obx_warn_unserved_now();
+	PG_RETURN_VOID();
 }
 
 /*

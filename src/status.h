@@ -2,8 +2,10 @@
  *
  * status.h
  *	  Relay worker status (status.c): what a worker writes into its
- *	  shared-memory slot for the obx.workers view, and the limit on
- *	  repeated log lines that every worker uses.
+ *	  shared-memory slot for the obx.workers view; whether a relay serves
+ *	  the current database (the warning of CREATE EXTENSION and of a
+ *	  session's first obx.enqueue); and the limit on repeated log lines
+ *	  that every worker uses.
  *
  *-------------------------------------------------------------------------
  */
@@ -16,6 +18,8 @@ extern void obx_status_set_state(int worker, ObxWorkerState state);
 extern void obx_status_batch_done(int worker, int published, int failed,
 								  const char *error);
 extern void obx_status_error(int worker, const char *error);
+extern void obx_warn_if_unserved(void);
+extern void obx_warn_unserved_now(void);
 extern bool obx_log_allowed(const char *what, int64 *suppressed);
 
 #endif /* OBX_STATUS_H */

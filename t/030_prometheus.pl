@@ -16,6 +16,19 @@
 # up, published, errors and batches counters; the published/errors totals.
 # The counters equal what reached the broker, which is checked by event id
 # (the numbers an operator alerts on tell the truth).
+#
+# Publish latency: after each step the histogram obx_publish_latency_seconds
+# must hold, per topic and bucket, exactly the counts the test computes
+# itself from every published event's published_at - occurred_at, and its
+# count and sum must match; each event's Kafka timestamp (set when the
+# relay produced it) lies between the two.  The one-minute p50 and p99
+# equal the test's own percentiles of those latencies.  Beyond 64 topics
+# the events are counted under "(other)", none lost or counted twice.
+#
+# No silent dead end: obx.workers names the database its workers serve;
+# a database that obx.database does not name gets a warning from CREATE
+# EXTENSION and its first enqueue, and obx.status says why its events
+# stay pending; obx_relay_served is 1 for the served database.
 use strict;
 use warnings;
 
@@ -65,14 +78,21 @@ my %types = (
 	obx_worker_last_success_age_seconds => 'gauge',
 	obx_worker_start_time_seconds => 'gauge',
 	obx_worker_last_error_timestamp_seconds => 'gauge',
-	obx_publish_errors_total => 'counter', obx_publish_published_total => 'counter');
-my %absent_before_events = map { $_ => 1 } grep { /^obx_topic_/ } keys %types;
+	obx_publish_errors_total => 'counter', obx_publish_published_total => 'counter',
+	obx_relay_served => 'gauge', obx_publish_latency_seconds => 'histogram',
+	obx_publish_latency_window_p50_seconds => 'gauge',
+	obx_publish_latency_window_p99_seconds => 'gauge',
+	obx_publish_latency_window_events => 'gauge');
+my %absent_before_events = map { $_ => 1 } grep { /^obx_topic_|^obx_publish_latency/ } keys %types;
 for my $name (sort keys %types)
 {
 	next if $absent_before_events{$name};
 	is($m->{type}{$name}, $types{$name}, "$name is exported as a $types{$name}");
 }
 is(scalar(samples($m, 'obx_topic_pending')), 0, 'no topic series before the first event');
+is(scalar(samples($m, 'obx_publish_latency_seconds_count')), 0,
+	'no latency series before the first publish');
+is(sample($m, 'obx_relay_served'), '1', 'obx_relay_served: the relay serves database postgres');
 is(scalar(samples($m, 'obx_worker_state')), 2 * @states,
 	'one state series per worker and state');
 check_workers($m, 'before any event', 0, 0);
@@ -98,6 +118,7 @@ $m = wait_metrics('the published counters to reach 30 with every worker idle', s
 	sum_of($m, 'obx_worker_published_total') == 30 && all_in_state($m, 'idle') });
 check_topics($m, 'after 30 published');
 check_workers($m, 'after 30 published', 30, 0);
+check_latency('after 30 published');
 is(sample($m, 'obx_topic_published_retained', topic => $orders), '30',
 	'published_retained counts the 30 events');
 is(sample($m, 'obx_topic_oldest_pending_age_seconds', topic => $orders), '0',
@@ -181,6 +202,7 @@ $m = wait_metrics('the counters to reach 34', sub {
 	sum_of($m, 'obx_worker_published_total') == 34
 	  && (sample($m, 'obx_topic_pending', topic => $payments) // -1) == 0 });
 check_topics($m, 'after the retry');
+check_latency('after the retry');
 is(sample($m, 'obx_topic_quarantined', topic => $payments), '0', 'quarantine empty');
 is(sample($m, 'obx_topic_oldest_pending_age_seconds', topic => $payments), '0',
 	'oldest pending age back to 0');
@@ -218,6 +240,7 @@ $m = wait_metrics('the counters to reach 39', sub {
 	  && (sample($m, 'obx_topic_pending', topic => $orders) // -1) == 0
 	  && (sample($m, 'obx_topic_leased', topic => $orders) // -1) == 0 });
 check_topics($m, 'after the brokers came back');
+check_latency('after the brokers came back');
 check_monotonic($m, \%prev, 'after the brokers came back');
 broker_holds($orders);
 
@@ -271,6 +294,53 @@ $m = wait_metrics('both workers idle after the restart', sub { all_in_state(shif
 check_workers($m, 'after worker 1 restarted', 39, undef);
 
 #
+# Step 6: a database obx.database does not name.  CREATE EXTENSION and the
+# first enqueue there warn, naming the setting; the enqueue still stores
+# its event, which stays pending, and obx.status says why.
+#
+$node->safe_psql('postgres', 'CREATE DATABASE shop');
+my ($ret, $out, $err) = $node->psql('shop', 'CREATE EXTENSION obx');
+is($ret, 0, 'CREATE EXTENSION succeeds in a database no relay serves');
+like($err, qr/WARNING:  no obx relay publishes the outbox of database "shop".*HINT:  Set obx.database to 'shop'/s,
+	'CREATE EXTENSION warns that no relay serves "shop", naming obx.database');
+($ret, $out, $err) = $node->psql('shop', qq{
+	SELECT obx.enqueue('$orders', 'ord_s', '{"shop": 1}') IS NOT NULL;
+	SELECT obx.enqueue('$orders', 'ord_s', '{"shop": 2}') IS NOT NULL;});
+is($ret, 0, 'obx.enqueue succeeds there');
+is(scalar(() = $err =~ /WARNING:  no obx relay publishes/g), 1, 'the first enqueue of the session warns, the second does not');
+is($node->safe_psql('shop', 'SELECT pending, problem FROM obx.status'),
+	"2|no relay serves this database: obx.database is 'postgres'",
+	'obx.status in "shop": both events pending, and why');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM obx.status WHERE problem IS NOT NULL'), '0',
+	'obx.status in the served database shows no problem');
+
+#
+# Step 7: the histogram keeps 64 topics; the events of later ones are
+# counted under topic "(other)".  70 new topics, 2 events each, in one
+# transaction: every published event is counted exactly once, each named
+# topic with its own count.
+#
+$sql = "BEGIN;\n";
+for my $t (1 .. 70)
+{
+	$sql .= "SELECT obx.enqueue('lat.many.$t', 'k', '{\"n\": $_}');\n" for 1 .. 2;
+}
+$sql .= "COMMIT;\n";
+$node->safe_psql('postgres', $sql);
+ok(all_published($node), 'the events of 70 more topics are published');
+my %published_per_topic = map { split /\|/ } split /\n/, $node->safe_psql('postgres',
+	'SELECT topic, count(*) FROM obx.outbox_events WHERE published_at IS NOT NULL GROUP BY topic');
+$m = wait_metrics('the histogram to count every published event', sub {
+	sum_of(shift, 'obx_publish_latency_seconds_count') == sum_of_values(\%published_per_topic) });
+my %counted = map { $_->{labels}{topic} => $_->{value} } samples($m, 'obx_publish_latency_seconds_count');
+is(scalar(keys %counted), 65, 'the histogram has 64 topics and "(other)"');
+my @wrong = grep { $_ ne '(other)' && $counted{$_} != ($published_per_topic{$_} // -1) } sort keys %counted;
+is_deeply(\@wrong, [], 'each named topic counts exactly its published events');
+my $named = sum_of_values({ map { $_ => $published_per_topic{$_} } grep { $_ ne '(other)' } keys %counted });
+is($counted{'(other)'}, sum_of_values(\%published_per_topic) - $named,
+	'"(other)" counts the published events of every topic without a row of its own');
+
+#
 # Consumer metrics: a subscription on the orders topic applies its events;
 # one handler error is dead-lettered.  Lag, counters and pending dead
 # letters must match obx.consumer_status and obx.consumers.
@@ -306,6 +376,20 @@ is(sum_of($m, 'obx_consumer_partition_processed_total'),
 is($m->{type}{obx_consumer_partition_lag}, 'gauge', 'consumer lag is a gauge');
 is($m->{type}{obx_consumer_partition_processed_total}, 'counter', 'processed_total is a counter');
 
+# The example alert rules: promtool's unit test (Debian's prometheus
+# package) fires the p99 rule on a slow topic only, and the unserved rule.
+SKIP:
+{
+	skip 'promtool not installed (Debian package prometheus)', 1
+	  unless grep { -x "$_/promtool" } split /:/, $ENV{PATH};
+	my ($ok, $rules_out) = (0, '');
+	$ok = IPC::Run::run(
+		[ 'promtool', 'test', 'rules', "$FindBin::RealBin/../monitoring/obx-alerts-test.yaml" ],
+		'<', \undef, '>&', \$rules_out);
+	ok($ok, 'promtool: the alert rules of monitoring/obx-alerts.yaml pass their unit test')
+	  or diag($rules_out);
+}
+
 my $log = slurp_file($exp->{log});
 unlike($log, qr/Error running query|level=error/, 'the exporter logged no query error');
 ok(stop_exporter($exp), 'the exporter is stopped');
@@ -331,6 +415,14 @@ sub wait_metrics_for
 {
 	my ($what, $cond, $seconds) = @_;
 	return defined scrape_until($exp, $cond, $what, $seconds);
+}
+
+sub sum_of_values
+{
+	my ($h) = @_;
+	my $sum = 0;
+	$sum += $_ for values %$h;
+	return $sum;
 }
 
 sub sum_of
@@ -405,13 +497,14 @@ sub check_workers
 	my ($m, $when, $published, $errors) = @_;
 	my $rows = $node->safe_psql('postgres', q{
 		SELECT worker, state, batches, published, errors, pid IS NOT NULL,
-		       extract(epoch FROM started_at)
+		       extract(epoch FROM started_at), database
 		  FROM obx.workers ORDER BY worker});
 	my $n = 0;
 	for my $line (split /\n/, $rows)
 	{
-		my ($w, $state, $batches, $pub, $err, $up, $started) = split /\|/, $line;
+		my ($w, $state, $batches, $pub, $err, $up, $started, $db) = split /\|/, $line;
 		$n++;
+		is($db, 'postgres', "$when: obx.workers says worker $w serves database postgres");
 		my %got = (
 			batches => sample($m, 'obx_worker_batches_total', worker => $w),
 			published => sample($m, 'obx_worker_published_total', worker => $w),
@@ -447,6 +540,93 @@ sub check_workers
 	is(sum_of($m, 'obx_worker_published_total'),
 		$node->safe_psql('postgres', 'SELECT count(*) FROM obx.outbox_events WHERE published_at IS NOT NULL'),
 		"$when: the published counters equal the published rows (no re-send happened)");
+}
+
+# The publish latency metrics against the test's own measure: every
+# published event's published_at - occurred_at (in microseconds, as the
+# relay counts it), put in the documented buckets here.  Every event was
+# published once (no replay in this test), so the counts are exact.
+sub check_latency
+{
+	my ($when) = @_;
+	my @bounds_ms = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000);
+	my %us;    # topic => [ latency in microseconds ]
+	my %times; # event id => [ occurred_at ms, published_at ms, topic ]
+	for (split /\n/, $node->safe_psql('postgres', q{
+		SELECT topic, id, (extract(epoch FROM published_at - occurred_at) * 1000000)::bigint,
+		       extract(epoch FROM occurred_at) * 1000, extract(epoch FROM published_at) * 1000
+		  FROM obx.outbox_events WHERE published_at IS NOT NULL}))
+	{
+		my ($topic, $id, $us, $occ, $pub) = split /\|/;
+		push @{ $us{$topic} }, $us;
+		$times{$id} = [ $occ, $pub, $topic ];
+	}
+	my $m = parse_metrics(scrape($exp));
+	is_deeply([ sort map { $_->{labels}{topic} } samples($m, 'obx_publish_latency_seconds_count') ],
+		[ sort keys %us ], "$when: one latency histogram per topic that published");
+	for my $topic (sort keys %us)
+	{
+		my @us = @{ $us{$topic} };
+		my (%want, %got);
+		for my $b (@bounds_ms)
+		{
+			$want{$b} = scalar(grep { $_ <= $b * 1000 } @us);
+		}
+		$want{'+Inf'} = scalar(@us);
+		for (samples($m, 'obx_publish_latency_seconds_bucket', topic => $topic))
+		{
+			my $le = $_->{labels}{le};
+			$got{ $le eq '+Inf' ? $le : sprintf('%d', $le * 1000 + 0.5) } = $_->{value};
+		}
+		is_deeply(\%got, \%want, "$when: latency buckets of $topic equal the test's own count of published_at - occurred_at");
+		is(sample($m, 'obx_publish_latency_seconds_count', topic => $topic), scalar(@us),
+			"$when: latency count of $topic equals its published events");
+		my $sum = 0;
+		$sum += $_ for @us;
+		my $got_sum = sample($m, 'obx_publish_latency_seconds_sum', topic => $topic);
+		ok(abs($got_sum - $sum / 1e6) < 1e-6,
+			"$when: latency sum of $topic ($got_sum s) equals the test's own (@{[ $sum / 1e6 ]} s)");
+		note("$when: $topic latency buckets " . join(' ', map { "$_:$want{$_}" } @bounds_ms, '+Inf'));
+		check_window($m, $when, $topic, \@us);
+	}
+	# The Kafka timestamp is when the relay produced the message: between
+	# the enqueue and the acknowledgement the latency spans.
+	my @outside;
+	for my $topic (sort keys %us)
+	{
+		for my $msg (@{ read_topic($mock, $topic) })
+		{
+			my $t = $times{ $msg->{event_id} } or next;
+			push @outside, "$msg->{event_id}: $t->[0] <= $msg->{timestamp} <= $t->[1]"
+			  unless int($t->[0]) <= $msg->{timestamp} && $msg->{timestamp} <= $t->[1] + 1;
+		}
+	}
+	is_deeply(\@outside, [], "$when: every message's Kafka timestamp lies between occurred_at and published_at");
+}
+
+# The one-minute p50 and p99 of a topic equal percentile_cont computed
+# here over the same latencies, when no event left the window meanwhile.
+sub check_window
+{
+	my ($m, $when, $topic, $us) = @_;
+	my $in_window = "SELECT count(*) FROM obx.outbox_events WHERE topic = '$topic'"
+	  . " AND published_at > now() - interval '1 minute'";
+	return note("$when: events of $topic left the one-minute window; p50/p99 not compared")
+	  unless $node->safe_psql('postgres', $in_window) == @$us;
+	my @x = sort { $a <=> $b } map { $_ / 1e6 } @$us;
+	my $pct = sub {
+		my $pos = $_[0] * (@x - 1);
+		my $lo = int($pos);
+		return $lo + 1 < @x ? $x[$lo] + ($pos - $lo) * ($x[ $lo + 1 ] - $x[$lo]) : $x[$lo];
+	};
+	is(sample($m, 'obx_publish_latency_window_events', topic => $topic), scalar(@x),
+		"$when: the window of $topic holds its published events");
+	for my $p ([ 'p50', 0.5 ], [ 'p99', 0.99 ])
+	{
+		my $got = sample($m, "obx_publish_latency_window_$p->[0]_seconds", topic => $topic);
+		ok(defined $got && abs($got - $pct->($p->[1])) < 1e-6,
+			"$when: $p->[0] of $topic (@{[ $got // 'none' ]}) equals the test's own (@{[ $pct->($p->[1]) ]})");
+	}
 }
 
 # The broker holds exactly the committed events of $topic, each in per-key

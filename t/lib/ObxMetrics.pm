@@ -55,6 +55,7 @@ sub grant_monitoring
 		CREATE ROLE $role LOGIN;
 		GRANT USAGE ON SCHEMA obx TO $role;
 		GRANT SELECT ON obx.status, obx.quarantine, obx.workers,
+			obx.publish_latency, obx.publish_latency_summary,
 			obx.consumers, obx.consumer_status TO $role;});
 	return $role;
 }
