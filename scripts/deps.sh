@@ -4,7 +4,7 @@
 #   . scripts/deps.sh && obx_install_deps
 
 OBX_PACKAGES="make gcc clang-format postgresql-15 postgresql-server-dev-15 librdkafka-dev
-uuid-dev kcat libipc-run-perl procps prometheus-postgres-exporter
+uuid-dev kcat libipc-run-perl procps prometheus-postgres-exporter prometheus
 php-cli php-pgsql php-laravel-framework php-illuminate-database phpunit
 debhelper postgresql-server-dev-all dpkg-dev fakeroot unzip"
 
