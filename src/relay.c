@@ -418,7 +418,12 @@ serve_flights(void)
 	int i;
 
 	wait_for_reports();
-	set_state(obx_kafka_brokers_down(relay.producer) ? OBX_STATE_BROKER_DOWN : OBX_STATE_PRODUCING);
+	if (ShutdownRequestPending)
+		set_state(OBX_STATE_STOPPING);
+	else if (obx_kafka_brokers_down(relay.producer))
+		set_state(OBX_STATE_BROKER_DOWN);
+	else
+		set_state(OBX_STATE_PRODUCING);
 	if (give_up_flights())
 	{
 		abandon_flights();
