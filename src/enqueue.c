@@ -44,15 +44,18 @@ typedef struct EnqueueEvent
 	char *event_type;   /* NULL when not given */
 	Jsonb *headers;     /* NULL when not given */
 	pg_uuid_t *id;
+	bool id_given; /* false: generated, so new */
 } EnqueueEvent;
 
 PG_FUNCTION_INFO_V1(obx_enqueue);
 PG_FUNCTION_INFO_V1(obx_enqueue_many);
 PG_FUNCTION_INFO_V1(obx_wake);
 
-static SPIPlanPtr insert_plan = NULL;
+static SPIPlanPtr insert_plan = NULL;     /* for ids given */
+static SPIPlanPtr insert_new_plan = NULL; /* for generated ids */
 static SPIPlanPtr existing_plan = NULL;
 static SPIPlanPtr insert_many_plan = NULL;
+static SPIPlanPtr insert_many_new_plan = NULL;
 static bool wake_at_commit = false;
 static bool async_commit_announced = false; /* see obx_async_commit_starting */
 static bool callback_registered = false;
@@ -295,6 +298,16 @@ enqueue_prepare_plans(void)
 			"VALUES ($1, $2, $3, $4, $5, $6, $7) "
 			"ON CONFLICT (id) DO NOTHING",
 			7, insert_types);
+	/*
+	 * A generated id is new (48 bits of time, 74 random): its insert needs
+	 * no speculative insertion, which costs a good part of a one-row insert.
+	 */
+	if (insert_new_plan == NULL)
+		insert_new_plan = obx_prepare_kept(
+			"INSERT INTO obx.outbox_events "
+			"(id, aggregate_id, topic, event_key, event_type, headers, payload) "
+			"VALUES ($1, $2, $3, $4, $5, $6, $7)",
+			7, insert_types);
 	if (existing_plan == NULL)
 		existing_plan = obx_prepare_kept(
 			"SELECT topic, event_key, payload::pg_catalog.text, "
@@ -462,7 +475,10 @@ read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev)
 		make_uuid_v7(ev->id);
 	}
 	else
+	{
 		ev->id = PG_GETARG_UUID_P(6);
+		ev->id_given = true;
+	}
 }
 
 /*
@@ -491,7 +507,8 @@ insert_event(const EnqueueEvent *ev)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "obx could not connect to SPI");
 	enqueue_prepare_plans();
-	rc = SPI_execute_plan(insert_plan, values, nulls, false, 0);
+	rc = SPI_execute_plan(ev->id_given ? insert_plan : insert_new_plan,
+						  values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx enqueue insert failed: %s", SPI_result_code_string(rc));
 	inserted = (SPI_processed == 1);
@@ -702,6 +719,35 @@ check_many(const ManyArrays *arrays)
 }
 
 /*
+ * The events of obx.enqueue_many's arrays in array order, so that seq grows
+ * in array order.  Ids given may be in use already (ON CONFLICT, and the
+ * ids inserted returned); generated ones are new, as in enqueue.
+ */
+#define INSERT_MANY_SQL                                                     \
+	"INSERT INTO obx.outbox_events "                                        \
+	"(id, aggregate_id, topic, event_key, event_type, headers, payload) "   \
+	"SELECT e.id, COALESCE(e.aggregate_id, e.event_key), $1, e.event_key, " \
+	"e.event_type, e.headers, e.payload "                                   \
+	"FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), "        \
+	"pg_catalog.unnest($4), pg_catalog.unnest($5), pg_catalog.unnest($6), " \
+	"pg_catalog.unnest($7)) WITH ORDINALITY "                               \
+	"AS e(id, event_key, payload, aggregate_id, event_type, headers, n) "   \
+	"ORDER BY e.n"
+
+static void
+prepare_many_plans(void)
+{
+	Oid types[7] = {TEXTOID, UUIDARRAYOID, TEXTARRAYOID, JSONBARRAYOID,
+					TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID};
+
+	if (insert_many_plan == NULL)
+		insert_many_plan = obx_prepare_kept_generic(
+			INSERT_MANY_SQL " ON CONFLICT (id) DO NOTHING RETURNING id", 7, types);
+	if (insert_many_new_plan == NULL)
+		insert_many_new_plan = obx_prepare_kept_generic(INSERT_MANY_SQL, 7, types);
+}
+
+/*
  * insert_many
  *		Insert the checked events in one statement, in array order (so
  *		their seq grows in array order), in the caller's transaction;
@@ -712,11 +758,10 @@ static uint64
 insert_many(FunctionCallInfo fcinfo, const ManyArrays *arrays, const char *topic,
 			ArrayType *id_array, pg_uuid_t *ids)
 {
-	Oid types[7] = {TEXTOID, UUIDARRAYOID, TEXTARRAYOID, JSONBARRAYOID,
-					TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID};
 	Datum values[7];
 	char nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	uint64 inserted;
+	bool given;
 	int rc;
 	int i;
 
@@ -731,21 +776,11 @@ insert_many(FunctionCallInfo fcinfo, const ManyArrays *arrays, const char *topic
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "obx could not connect to SPI");
 	enqueue_prepare_plans();
-	if (insert_many_plan == NULL)
-		insert_many_plan = obx_prepare_kept_generic(
-			"INSERT INTO obx.outbox_events "
-			"(id, aggregate_id, topic, event_key, event_type, headers, payload) "
-			"SELECT e.id, COALESCE(e.aggregate_id, e.event_key), $1, e.event_key, "
-			"e.event_type, e.headers, e.payload "
-			"FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), "
-			"pg_catalog.unnest($4), pg_catalog.unnest($5), pg_catalog.unnest($6), "
-			"pg_catalog.unnest($7)) WITH ORDINALITY "
-			"AS e(id, event_key, payload, aggregate_id, event_type, headers, n) "
-			"ORDER BY e.n "
-			"ON CONFLICT (id) DO NOTHING RETURNING id",
-			7, types);
-	rc = SPI_execute_plan(insert_many_plan, values, nulls, false, 0);
-	if (rc != SPI_OK_INSERT_RETURNING)
+	prepare_many_plans();
+	given = arrays->values[5] != NULL;
+	rc = SPI_execute_plan(given ? insert_many_plan : insert_many_new_plan,
+						  values, nulls, false, 0);
+	if (rc != (given ? SPI_OK_INSERT_RETURNING : SPI_OK_INSERT))
 		elog(ERROR, "obx enqueue_many insert failed: %s", SPI_result_code_string(rc));
 	inserted = SPI_processed;
 	if (inserted < (uint64) arrays->n)
