@@ -3,7 +3,9 @@
  * enqueue.c
  *	  SQL-callable functions of the application side: obx.enqueue, which
  *	  validates an event and inserts it into the outbox in the caller's
- *	  transaction, and the commit-time wake-up of the relay workers.
+ *	  transaction, obx.enqueue_many, the same for arrays of events of one
+ *	  topic in one statement, and the commit-time wake-up of the relay
+ *	  workers.
  *
  * Every check happens here, inside the caller's transaction, so bad input
  * fails the statement that made it and never reaches the relay.
