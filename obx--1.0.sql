@@ -243,6 +243,24 @@ AS 'MODULE_PATHNAME', 'obx_enqueue'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
+/*
+ * enqueue_many: obx.enqueue for many events of one topic at once.  Element
+ * i of the arrays is one event; NULL optional arrays or elements mean what
+ * NULL arguments of obx.enqueue mean.  Returns the ids in array order.
+ */
+CREATE FUNCTION obx.enqueue_many(
+	topic text,
+	event_keys text[],
+	payloads jsonb[],
+	aggregate_ids text[] DEFAULT NULL,
+	event_types text[] DEFAULT NULL,
+	headers jsonb[] DEFAULT NULL,
+	event_ids uuid[] DEFAULT NULL)
+RETURNS uuid[]
+AS 'MODULE_PATHNAME', 'obx_enqueue_many'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
 CREATE FUNCTION obx._wake_at_commit()
 RETURNS void
 AS 'MODULE_PATHNAME', 'obx_wake'
@@ -1012,6 +1030,8 @@ COMMENT ON TABLE obx.consumer_owners IS
 	'The role each consumer name belongs to: who may subscribe, unsubscribe and mark events for it';
 COMMENT ON FUNCTION obx.enqueue(text, text, jsonb, text, text, jsonb, uuid) IS
 	'Store an event in the outbox inside the current transaction; returns its id';
+COMMENT ON FUNCTION obx.enqueue_many(text, text[], jsonb[], text[], text[], jsonb[], uuid[]) IS
+	'Store many events of one topic in the outbox inside the current transaction, in array order; returns their ids';
 COMMENT ON FUNCTION obx.retry(uuid) IS
 	'Make a quarantined or backing-off event publishable now; false if it is neither';
 COMMENT ON FUNCTION obx.retry_quarantined(text) IS

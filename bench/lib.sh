@@ -62,6 +62,9 @@ unix_socket_directories = '$work'
 shared_preload_libraries = '$preload'
 obx.brokers = '$brokers'
 obx.database = 'bench'
+# Phases that pause the relay (obx.workers = 0) do so on purpose: no
+# warning per pgbench session that no relay serves the database.
+obx.warn_without_relay = off
 # The same for obx and every baseline: enough cache for the data sets, and
 # no checkpoint in the middle of a timed run (each run starts after one).
 shared_buffers = 512MB

@@ -3,7 +3,9 @@
  * enqueue.c
  *	  SQL-callable functions of the application side: obx.enqueue, which
  *	  validates an event and inserts it into the outbox in the caller's
- *	  transaction, and the commit-time wake-up of the relay workers.
+ *	  transaction, obx.enqueue_many, the same for arrays of events of one
+ *	  topic in one statement, and the commit-time wake-up of the relay
+ *	  workers.
  *
  * Every check happens here, inside the caller's transaction, so bad input
  * fails the statement that made it and never reaches the relay.
@@ -17,7 +19,9 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
@@ -30,6 +34,9 @@
 #define OBX_MAX_TOPIC_LEN 249
 #define OBX_MAX_KEY_LEN   1024
 
+/* obx.enqueue_many's array arguments: event_keys ... event_ids. */
+#define OBX_MANY_ARRAYS 6
+
 /* An event as obx.enqueue's arguments give it. */
 typedef struct EnqueueEvent
 {
@@ -40,13 +47,18 @@ typedef struct EnqueueEvent
 	char *event_type;   /* NULL when not given */
 	Jsonb *headers;     /* NULL when not given */
 	pg_uuid_t *id;
+	bool id_given; /* false: generated, so new */
 } EnqueueEvent;
 
 PG_FUNCTION_INFO_V1(obx_enqueue);
+PG_FUNCTION_INFO_V1(obx_enqueue_many);
 PG_FUNCTION_INFO_V1(obx_wake);
 
-static SPIPlanPtr insert_plan = NULL;
+static SPIPlanPtr insert_plan = NULL;     /* for ids given */
+static SPIPlanPtr insert_new_plan = NULL; /* for generated ids */
 static SPIPlanPtr existing_plan = NULL;
+static SPIPlanPtr insert_many_plan = NULL;
+static SPIPlanPtr insert_many_new_plan = NULL;
 static bool wake_at_commit = false;
 static bool async_commit_announced = false; /* see obx_async_commit_starting */
 static bool callback_registered = false;
@@ -289,6 +301,16 @@ enqueue_prepare_plans(void)
 			"VALUES ($1, $2, $3, $4, $5, $6, $7) "
 			"ON CONFLICT (id) DO NOTHING",
 			7, insert_types);
+	/*
+	 * A generated id is new (48 bits of time, 74 random): its insert needs
+	 * no speculative insertion, which costs a good part of a one-row insert.
+	 */
+	if (insert_new_plan == NULL)
+		insert_new_plan = obx_prepare_kept(
+			"INSERT INTO obx.outbox_events "
+			"(id, aggregate_id, topic, event_key, event_type, headers, payload) "
+			"VALUES ($1, $2, $3, $4, $5, $6, $7)",
+			7, insert_types);
 	if (existing_plan == NULL)
 		existing_plan = obx_prepare_kept(
 			"SELECT topic, event_key, payload::pg_catalog.text, "
@@ -401,15 +423,39 @@ check_payload(Jsonb *payload)
 }
 
 /*
+ * check_event
+ *		Check an event's key, payload, aggregate id, event type and headers,
+ *		in that order (the topic is checked by the caller).
+ */
+static void
+check_event(const EnqueueEvent *ev)
+{
+	size_t payload_len;
+
+	check_key(ev->key);
+	payload_len = check_payload(ev->payload);
+	if (ev->aggregate_id && ev->aggregate_id[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("obx aggregate id must not be empty"),
+				 errhint("Pass NULL to use the event key.")));
+	if (ev->event_type && ev->event_type[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("obx event type must not be empty"),
+				 errhint("Pass NULL when the event has no type.")));
+	if (ev->headers)
+		check_headers(ev->headers, payload_len);
+}
+
+/*
  * Read obx.enqueue's arguments into ev and check them: first that topic,
- * key and payload are given, then each argument in turn.  The id is
- * generated when none is given.
+ * key and payload are given, then the topic, then the rest (check_event).
+ * The id is generated when none is given.
  */
 static void
 read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev)
 {
-	size_t payload_len;
-
 	memset(ev, 0, sizeof(EnqueueEvent));
 	ev->topic = text_to_cstring(required_text(fcinfo, 0, "topic"));
 	ev->key = text_to_cstring(required_text(fcinfo, 1, "key"));
@@ -418,40 +464,24 @@ read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("obx event payload must not be null")));
 	ev->payload = PG_GETARG_JSONB_P(2);
-	check_topic(ev->topic);
-	check_key(ev->key);
-	payload_len = check_payload(ev->payload);
-
 	if (!PG_ARGISNULL(3))
-	{
 		ev->aggregate_id = text_to_cstring(PG_GETARG_TEXT_PP(3));
-		if (ev->aggregate_id[0] == '\0')
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("obx aggregate id must not be empty"),
-					 errhint("Pass NULL to use the event key.")));
-	}
 	if (!PG_ARGISNULL(4))
-	{
 		ev->event_type = text_to_cstring(PG_GETARG_TEXT_PP(4));
-		if (ev->event_type[0] == '\0')
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("obx event type must not be empty"),
-					 errhint("Pass NULL when the event has no type.")));
-	}
 	if (!PG_ARGISNULL(5))
-	{
 		ev->headers = PG_GETARG_JSONB_P(5);
-		check_headers(ev->headers, payload_len);
-	}
+	check_topic(ev->topic);
+	check_event(ev);
 	if (PG_ARGISNULL(6))
 	{
 		ev->id = palloc(sizeof(pg_uuid_t));
 		make_uuid_v7(ev->id);
 	}
 	else
+	{
 		ev->id = PG_GETARG_UUID_P(6);
+		ev->id_given = true;
+	}
 }
 
 /*
@@ -480,7 +510,8 @@ insert_event(const EnqueueEvent *ev)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "obx could not connect to SPI");
 	enqueue_prepare_plans();
-	rc = SPI_execute_plan(insert_plan, values, nulls, false, 0);
+	rc = SPI_execute_plan(ev->id_given ? insert_plan : insert_new_plan,
+						  values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx enqueue insert failed: %s", SPI_result_code_string(rc));
 	inserted = (SPI_processed == 1);
@@ -509,6 +540,316 @@ obx_enqueue(PG_FUNCTION_ARGS)
 	if (insert_event(&ev))
 		wake_workers_at_commit();
 	PG_RETURN_UUID_P(ev.id);
+}
+
+/*
+ * obx.enqueue_many's arrays, each deconstructed: values and nulls of n
+ * elements, or NULL for an optional array passed as NULL.
+ */
+typedef struct ManyArrays
+{
+	int n;
+	Datum *values[OBX_MANY_ARRAYS];
+	bool *nulls[OBX_MANY_ARRAYS];
+} ManyArrays;
+
+/* The array arguments of obx.enqueue_many, after the topic: names and types. */
+static const char *const many_names[OBX_MANY_ARRAYS] = {
+	"event_keys", "payloads", "aggregate_ids", "event_types", "headers", "event_ids"};
+static const Oid many_types[OBX_MANY_ARRAYS] = {
+	TEXTOID, JSONBOID, TEXTOID, TEXTOID, JSONBOID, UUIDOID};
+
+/* The element being checked or inserted, for the error context; -1: none. */
+static int many_element = -1;
+
+static void
+many_element_context(void *arg)
+{
+	if (many_element >= 0)
+		errcontext("element %d of the arrays passed to obx.enqueue_many",
+				   many_element + 1);
+}
+
+/*
+ * read_many_arrays
+ *		Deconstruct obx.enqueue_many's arrays into arrays; event_keys and
+ *		payloads must be given, and every array given must be
+ *		one-dimensional with as many elements as event_keys.
+ */
+static void
+read_many_arrays(FunctionCallInfo fcinfo, ManyArrays *arrays)
+{
+	int i;
+
+	memset(arrays, 0, sizeof(ManyArrays));
+	arrays->n = -1;
+	for (i = 0; i < OBX_MANY_ARRAYS; i++)
+	{
+		ArrayType *array;
+		int16 typlen;
+		bool typbyval;
+		char typalign;
+		int n;
+
+		if (PG_ARGISNULL(i + 1))
+		{
+			if (i < 2)
+				ereport(ERROR,
+						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+						 errmsg("obx.enqueue_many's %s must not be null", many_names[i])));
+			continue;
+		}
+		array = PG_GETARG_ARRAYTYPE_P(i + 1);
+		if (ARR_NDIM(array) > 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+					 errmsg("obx.enqueue_many's %s must be a one-dimensional array",
+							many_names[i])));
+		get_typlenbyvalalign(many_types[i], &typlen, &typbyval, &typalign);
+		deconstruct_array(array, many_types[i], typlen, typbyval, typalign,
+						  &arrays->values[i], &arrays->nulls[i], &n);
+		if (arrays->n >= 0 && n != arrays->n)
+			ereport(ERROR,
+					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+					 errmsg("obx.enqueue_many's arrays must have the same length"),
+					 errdetail("event_keys has %d elements and %s %d.",
+							   arrays->n, many_names[i], n)));
+		arrays->n = n;
+	}
+}
+
+/* Element i of array a as a C string, or NULL. */
+static char *
+many_text(const ManyArrays *arrays, int a, int i)
+{
+	if (arrays->values[a] == NULL || arrays->nulls[a][i])
+		return NULL;
+	return TextDatumGetCString(arrays->values[a][i]);
+}
+
+/*
+ * check_many_element
+ *		Read element i of the arrays into ev and check it as obx.enqueue
+ *		checks its arguments.  A NULL element of an optional array means
+ *		what a NULL argument of obx.enqueue means.
+ */
+static void
+check_many_element(const ManyArrays *arrays, int i, EnqueueEvent *ev)
+{
+	if (arrays->nulls[0][i])
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("obx event key must not be null")));
+	if (arrays->nulls[1][i])
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("obx event payload must not be null")));
+	ev->key = many_text(arrays, 0, i);
+	ev->payload = DatumGetJsonbP(arrays->values[1][i]);
+	ev->aggregate_id = many_text(arrays, 2, i);
+	ev->event_type = many_text(arrays, 3, i);
+	ev->headers = (arrays->values[4] == NULL || arrays->nulls[4][i]) ? NULL : DatumGetJsonbP(arrays->values[4][i]);
+	check_event(ev);
+}
+
+static int
+compare_uuids(const void *a, const void *b)
+{
+	return memcmp(a, b, UUID_LEN);
+}
+
+/*
+ * The elements whose id was not inserted (in use already, or given twice
+ * in the arrays): each is a no-op if the stored event is the same, an
+ * error otherwise (check_existing).  inserted: the ids inserted.
+ */
+static void
+check_many_conflicts(const ManyArrays *arrays, const char *topic,
+					 pg_uuid_t *ids, pg_uuid_t *inserted, uint64 ninserted)
+{
+	int n = arrays->n;
+	pg_uuid_t *sorted = palloc(sizeof(pg_uuid_t) * n);
+	int i;
+
+	memcpy(sorted, ids, sizeof(pg_uuid_t) * n);
+	qsort(sorted, n, sizeof(pg_uuid_t), compare_uuids);
+	qsort(inserted, ninserted, sizeof(pg_uuid_t), compare_uuids);
+	for (i = 0; i < n; i++)
+	{
+		pg_uuid_t *first = bsearch(&ids[i], sorted, n, sizeof(pg_uuid_t), compare_uuids);
+		bool twice;
+		EnqueueEvent ev;
+
+		/* bsearch may land on any of equal ids: look on both sides. */
+		twice = (first > sorted && compare_uuids(first - 1, first) == 0) ||
+				(first < sorted + n - 1 && compare_uuids(first + 1, first) == 0);
+		if (!twice && bsearch(&ids[i], inserted, ninserted, sizeof(pg_uuid_t), compare_uuids))
+			continue;
+		many_element = i;
+		memset(&ev, 0, sizeof(ev));
+		check_many_element(arrays, i, &ev);
+		check_existing(UUIDPGetDatum(&ids[i]), topic, ev.key,
+					   ev.aggregate_id ? ev.aggregate_id : ev.key,
+					   ev.payload, ev.event_type, ev.headers);
+	}
+	many_element = -1;
+}
+
+/*
+ * check_many
+ *		Check every element in array order; returns the event ids, those
+ *		not given generated.
+ */
+static pg_uuid_t *
+check_many(const ManyArrays *arrays)
+{
+	pg_uuid_t *ids = palloc(sizeof(pg_uuid_t) * arrays->n);
+	int i;
+
+	for (i = 0; i < arrays->n; i++)
+	{
+		EnqueueEvent ev;
+
+		many_element = i;
+		memset(&ev, 0, sizeof(ev));
+		check_many_element(arrays, i, &ev);
+		if (arrays->values[5] == NULL || arrays->nulls[5][i])
+			make_uuid_v7(&ids[i]);
+		else
+			memcpy(&ids[i], DatumGetUUIDP(arrays->values[5][i]), sizeof(pg_uuid_t));
+	}
+	many_element = -1;
+	return ids;
+}
+
+/*
+ * The events of obx.enqueue_many's arrays in array order, so that seq grows
+ * in array order.  Ids given may be in use already (ON CONFLICT, and the
+ * ids inserted returned); generated ones are new, as in enqueue.
+ */
+#define INSERT_MANY_SQL                                                     \
+	"INSERT INTO obx.outbox_events "                                        \
+	"(id, aggregate_id, topic, event_key, event_type, headers, payload) "   \
+	"SELECT e.id, COALESCE(e.aggregate_id, e.event_key), $1, e.event_key, " \
+	"e.event_type, e.headers, e.payload "                                   \
+	"FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), "        \
+	"pg_catalog.unnest($4), pg_catalog.unnest($5), pg_catalog.unnest($6), " \
+	"pg_catalog.unnest($7)) WITH ORDINALITY "                               \
+	"AS e(id, event_key, payload, aggregate_id, event_type, headers, n) "   \
+	"ORDER BY e.n"
+
+static void
+prepare_many_plans(void)
+{
+	Oid types[7] = {TEXTOID, UUIDARRAYOID, TEXTARRAYOID, JSONBARRAYOID,
+					TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID};
+
+	if (insert_many_plan == NULL)
+		insert_many_plan = obx_prepare_kept_generic(
+			INSERT_MANY_SQL " ON CONFLICT (id) DO NOTHING RETURNING id", 7, types);
+	if (insert_many_new_plan == NULL)
+		insert_many_new_plan = obx_prepare_kept_generic(INSERT_MANY_SQL, 7, types);
+}
+
+/*
+ * insert_many
+ *		Insert the checked events in one statement, in array order (so
+ *		their seq grows in array order), in the caller's transaction;
+ *		returns how many were inserted.  Elements whose id was not inserted
+ *		go to check_many_conflicts.
+ */
+static uint64
+insert_many(FunctionCallInfo fcinfo, const ManyArrays *arrays, const char *topic,
+			ArrayType *id_array, pg_uuid_t *ids)
+{
+	Datum values[7];
+	char nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	uint64 inserted;
+	bool given;
+	int rc;
+	int i;
+
+	values[0] = CStringGetTextDatum(topic);
+	values[1] = PointerGetDatum(id_array);
+	for (i = 0; i < 5; i++)
+	{
+		nulls[i + 2] = PG_ARGISNULL(i + 1) ? 'n' : ' ';
+		values[i + 2] = PG_ARGISNULL(i + 1) ? (Datum) 0 : PG_GETARG_DATUM(i + 1);
+	}
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "obx could not connect to SPI");
+	enqueue_prepare_plans();
+	prepare_many_plans();
+	given = arrays->values[5] != NULL;
+	rc = SPI_execute_plan(given ? insert_many_plan : insert_many_new_plan,
+						  values, nulls, false, 0);
+	if (rc != (given ? SPI_OK_INSERT_RETURNING : SPI_OK_INSERT))
+		elog(ERROR, "obx enqueue_many insert failed: %s", SPI_result_code_string(rc));
+	inserted = SPI_processed;
+	if (inserted < (uint64) arrays->n)
+	{
+		pg_uuid_t *done = palloc(sizeof(pg_uuid_t) * (inserted + 1));
+		uint64 j;
+
+		for (j = 0; j < inserted; j++)
+		{
+			bool isnull;
+			Datum id = SPI_getbinval(SPI_tuptable->vals[j], SPI_tuptable->tupdesc, 1, &isnull);
+
+			memcpy(&done[j], DatumGetUUIDP(id), sizeof(pg_uuid_t));
+		}
+		check_many_conflicts(arrays, topic, ids, done, inserted);
+	}
+	SPI_finish();
+	return inserted;
+}
+
+/*
+ * obx.enqueue_many(topic, event_keys, payloads, aggregate_ids, event_types,
+ *					headers, event_ids) returns uuid[]
+ *
+ * obx.enqueue for many events of one topic at once: element i of the
+ * arrays is one event, checked as obx.enqueue checks its arguments (an
+ * error names the element), and inserted in array order by one statement.
+ * Returns the events' ids in array order.
+ */
+Datum
+obx_enqueue_many(PG_FUNCTION_ARGS)
+{
+	char *topic = text_to_cstring(required_text(fcinfo, 0, "topic"));
+	ManyArrays arrays;
+	ErrorContextCallback context;
+	pg_uuid_t *ids;
+	Datum *id_datums;
+	ArrayType *result;
+	uint64 inserted;
+	int i;
+
+	obx_warn_if_unserved();
+	read_many_arrays(fcinfo, &arrays);
+	check_topic(topic);
+	if (arrays.n <= 0)
+		PG_RETURN_ARRAYTYPE_P(construct_empty_array(UUIDOID));
+
+	many_element = -1;
+	context.callback = many_element_context;
+	context.arg = NULL;
+	context.previous = error_context_stack;
+	error_context_stack = &context;
+
+	ids = check_many(&arrays);
+	id_datums = palloc(sizeof(Datum) * arrays.n);
+	for (i = 0; i < arrays.n; i++)
+		id_datums[i] = UUIDPGetDatum(&ids[i]);
+	result = construct_array(id_datums, arrays.n, UUIDOID, UUID_LEN, false,
+							 TYPALIGN_CHAR);
+	inserted = insert_many(fcinfo, &arrays, topic, result, ids);
+
+	error_context_stack = context.previous;
+	if (inserted > 0)
+		wake_workers_at_commit();
+	PG_RETURN_ARRAYTYPE_P(result);
 }
 
 /*

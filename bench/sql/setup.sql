@@ -82,3 +82,26 @@ BEGIN
 	ON CONFLICT (name) DO UPDATE SET seconds = EXCLUDED.seconds, events = EXCLUDED.events;
 END
 $$;
+
+/*
+ * The consumer benchmark (bench/consumer.sh): the effect a handler writes,
+ * one row per message, with when it was written.  The in-database
+ * consumer's handler fills every column; the baselines (pgbench, no Kafka)
+ * only event_id, order_id and topic.  xid is the handler's transaction,
+ * whose commit time (track_commit_timestamp) ends a message's apply
+ * latency.
+ */
+CREATE TABLE bench.consumer_effects (
+	event_id			text		NOT NULL,
+	order_id			text,
+	topic				text		NOT NULL,
+	kafka_timestamp		timestamptz,
+	applied_at			timestamptz NOT NULL DEFAULT clock_timestamp(),
+	xid					xid8
+);
+
+CREATE FUNCTION bench.apply_order(e obx.inbound_event) RETURNS void
+LANGUAGE sql AS $$
+	INSERT INTO bench.consumer_effects (event_id, order_id, topic, kafka_timestamp, xid)
+	VALUES (e.event_id, e.payload->>'orderId', e.topic, e.kafka_timestamp, pg_current_xact_id())
+$$;

@@ -1,0 +1,175 @@
+# bench/consumer.sh: sourced by bench/run.  Benchmark 6, the in-database
+# consumer (only when asked: bench/run consumer).
+#
+# Throughput.  CONSUMER_MESSAGES (50,000) order messages (the drain
+# benchmark's ~180-byte payloads, 10,000 keys, an event_id header each) are
+# produced to a 4-partition topic by bench/produce_baseline before anything
+# consumes it.  Then a subscription is made whose handler inserts one row
+# (bench.apply_order into bench.consumer_effects), and obx's consumer
+# worker (obx.consumer_workers = 1, obx's defaults otherwise; the relay
+# paused) applies the backlog.  The rate is the messages over the time from
+# the first handler call (its clock_timestamp(), so the group join before
+# it is not counted; it is shown apart) to the first 0.2 s poll that finds
+# every message applied.  Each message must be applied exactly once.
+#
+# Baselines, same run, no Kafka: pgbench with 2 clients writes what a
+# consumer writes per message (a dedupe row in obx.processed_events with ON
+# CONFLICT DO NOTHING, then the effect row), one message per transaction
+# (pgbench/consumer_single.sql) and 1,000 per transaction
+# (pgbench/consumer_batched.sql), CONSUMER_BASELINE_SECONDS (5) per run, in
+# the order single, batched, batched, single; each figure is the mean of
+# its two runs.  The target: the consumer at least half the batched rate.
+#
+# Apply latency.  A second subscription, on a topic of its own, is warmed
+# up with 200 messages (the group joined, the partitions assigned); then
+# produce_baseline (paced mode) produces CONSUMER_LATENCY_RATE (2,000)
+# messages a second for CONSUMER_LATENCY_SECONDS (20), evenly spaced.  A
+# message's latency runs from its Kafka timestamp (the stand-in keeps the
+# producer's CreateTime: when produce_baseline produced it; millisecond
+# resolution) to the commit of the handler's transaction
+# (pg_xact_commit_timestamp of the xid the handler records, with
+# track_commit_timestamp = on).  Its target, "no worse than before", has
+# no same-run baseline: set CONSUMER_P99_BEFORE (ms) to a p99 measured
+# before a change to get a verdict.
+
+consumer_messages()
+{
+	local file=$1 n=$2 order=$3
+	sql -o /dev/null -c "\\copy (SELECT 'cus_' || lpad(k::text, 5, '0'), gen_random_uuid(), (bench.make_payload(i, k) || jsonb_build_object('orderId', $order))::text FROM (SELECT i, floor(random() * 10000)::int AS k FROM generate_series(1, $n) i) s) TO '$file'"
+}
+
+# consumer_applied TOPIC: how many effects the handler wrote for TOPIC.
+consumer_applied()
+{
+	sql_value "SELECT count(*) FROM bench.consumer_effects WHERE topic = '$1'"
+}
+
+# consumer_wait TOPIC N TIMEOUT: wait until N messages of TOPIC are applied.
+consumer_wait()
+{
+	local topic=$1 n=$2 timeout=$3 got
+	local deadline=$((SECONDS + timeout))
+	while [ $SECONDS -lt $deadline ]; do
+		got=$(consumer_applied "$topic")
+		[ "$got" -ge "$n" ] && return 0
+		sleep 0.2
+	done
+	echo "bench: the consumer applied $got of $n messages of $topic in ${timeout} s" >&2
+	return 1
+}
+
+consumer_subscribe()
+{
+	sql -c "SELECT obx.subscribe('$1', ARRAY['$2'], 'bench.apply_order(obx.inbound_event)', '{\"kafka\": {\"session.timeout.ms\": \"6000\"}}')" >/dev/null
+}
+
+# consumer_baselines SECS: "SINGLE BATCHED" messages/s of the two baselines.
+consumer_baselines()
+{
+	local secs=$1 kind out tps single=0 batched=0
+	for kind in single batched batched single; do
+		sql -c "TRUNCATE bench.consumer_effects, obx.processed_events" -c "CHECKPOINT" >/dev/null
+		out=$(run_pgbench -c 2 -j 2 -T "$secs" -M prepared -f "$here/pgbench/consumer_$kind.sql" 2>&1) || {
+			echo "$out" >&2
+			return 1
+		}
+		tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")
+		[ -n "$tps" ] || {
+			echo "$out" >&2
+			return 1
+		}
+		[ $kind = batched ] && tps=$(calc "$tps * 1000" 0)
+		eval "$kind=\$(calc \"\$$kind + $tps / 2\" 0)"
+	done
+	echo "$single $batched"
+}
+
+# consumer_throughput N TIMEOUT: "RATE JOIN_SECONDS" of obx's consumer on a
+# backlog of N messages.
+consumer_throughput()
+{
+	local n=$1 timeout=$2 topic=bench.consumer.backlog t0 first end applied
+	sql -c "TRUNCATE bench.consumer_effects, obx.processed_events" -c "CHECKPOINT" >/dev/null
+	consumer_messages "$work/consumer_backlog.tsv" "$n" "'ord_' || i"
+	"$here/produce_baseline" -b "$brokers" -t "$topic" -f "$work/consumer_backlog.tsv" >"$work/consumer_produce.log" 2>&1 || {
+		cat "$work/consumer_produce.log" >&2
+		return 1
+	}
+	t0=$EPOCHREALTIME
+	consumer_subscribe bench-consumer "$topic"
+	consumer_wait "$topic" "$n" "$timeout" || return 1
+	end=$EPOCHREALTIME
+	sql -c "SELECT obx.unsubscribe('bench-consumer')" >/dev/null
+	applied=$(sql_value "SELECT count(DISTINCT event_id) || ' ' || count(*) FROM bench.consumer_effects WHERE topic = '$topic'")
+	[ "$applied" = "$n $n" ] ||
+		echo "bench: WARNING: expected each of $n messages applied once, got (distinct, rows) = ($applied)" >&2
+	first=$(sql_value "SELECT extract(epoch FROM min(applied_at)) FROM bench.consumer_effects WHERE topic = '$topic'")
+	echo "$(calc "$n / ($end - $first)" 0) $(calc "$first - $t0" 1)"
+}
+
+# consumer_latency RATE SECS TIMEOUT: "ACHIEVED P50 P99 MAX" (ms) of
+# message timestamp -> handler commit at RATE messages/s.
+consumer_latency()
+{
+	local rate=$1 secs=$2 timeout=$3 topic=bench.consumer.latency out count
+	sql -c "TRUNCATE bench.consumer_effects" -c "CHECKPOINT" >/dev/null
+	consumer_messages "$work/consumer_warm.tsv" 200 "'warm'"
+	consumer_messages "$work/consumer_paced.tsv" "$((rate * secs + rate))" "'ord_' || i"
+	consumer_subscribe bench-latency "$topic"
+	"$here/produce_baseline" -b "$brokers" -t "$topic" -f "$work/consumer_warm.tsv" >/dev/null 2>&1 || return 1
+	consumer_wait "$topic" 200 "$timeout" || return 1
+	out=$("$here/produce_baseline" -b "$brokers" -t "$topic" -f "$work/consumer_paced.tsv" \
+		-r "$rate" -d "$secs" 2>&1) || {
+		echo "$out" >&2
+		return 1
+	}
+	count=$(sed -n 's/.*count=\([0-9]*\).*/\1/p' <<<"$out")
+	consumer_wait "$topic" "$((count + 200))" "$timeout" || return 1
+	sql -c "SELECT obx.unsubscribe('bench-latency')" >/dev/null
+	sql_value "
+		WITH l AS (
+			SELECT extract(epoch FROM pg_xact_commit_timestamp(((xid::text::bigint % 4294967296)::text)::xid)
+						   - kafka_timestamp) * 1000 AS ms, kafka_timestamp
+			  FROM bench.consumer_effects WHERE topic = '$topic' AND order_id <> 'warm')
+		SELECT round(count(*) / greatest(extract(epoch FROM max(kafka_timestamp) - min(kafka_timestamp)), 0.001)) || ' ' ||
+			   round(percentile_disc(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1) || ' ' ||
+			   round(percentile_disc(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1) || ' ' ||
+			   round(max(ms)::numeric, 1)
+		  FROM l"
+}
+
+bench_consumer()
+{
+	local n=${CONSUMER_MESSAGES:-50000} secs=${CONSUMER_BASELINE_SECONDS:-5}
+	local rate=${CONSUMER_LATENCY_RATE:-2000} lsecs=${CONSUMER_LATENCY_SECONDS:-20}
+	local timeout=${CONSUMER_TIMEOUT:-600}
+
+	echo
+	echo "== 6. in-database consumer: 1 consumer worker, 4 partitions, $n messages, a handler inserting one row (load average $(machine_load))"
+
+	bench_topic bench.consumer.backlog bench.consumer.latency
+	pg_phase "obx.workers = 0" "obx.consumer_workers = 1" "track_commit_timestamp = on"
+	local single batched rate_obx join achieved p50 p99 max
+	local out
+	out=$(consumer_baselines "$secs") || return 1
+	read -r single batched <<<"$out"
+	out=$(consumer_throughput "$n" "$timeout") || return 1
+	read -r rate_obx join <<<"$out"
+	out=$(consumer_latency "$rate" "$lsecs" "$timeout") || return 1
+	read -r achieved p50 p99 max <<<"$out"
+	{
+		echo "measure | messages/s | / 1,000 per transaction"
+		echo "obx consumer, backlog of $n (group join before the first message: $join s, not counted) | $rate_obx | $(ratio "$rate_obx" "$batched")"
+		echo "baseline: one message per transaction, 2 pgbench clients, no Kafka | $single | $(ratio "$single" "$batched")"
+		echo "baseline: 1,000 messages per transaction, 2 pgbench clients, no Kafka | $batched | 1.00"
+	} | table
+	local r
+	r=$(ratio "$rate_obx" "$batched")
+	echo "target: the consumer ≥ 0.50x the batched baseline: ${r}x — $(verdict "$(awk "BEGIN { print ($r >= 0.5) }")")"
+	echo "apply latency at $rate messages/s (achieved $achieved/s), message timestamp → handler commit: p50 $p50 ms, p99 $p99 ms, max $max ms"
+	if [ -n "${CONSUMER_P99_BEFORE:-}" ]; then
+		echo "target: p99 no worse than before ($CONSUMER_P99_BEFORE ms): $p99 ms — $(verdict "$(awk "BEGIN { print ($p99 <= $CONSUMER_P99_BEFORE) }")")"
+	else
+		echo "target: p99 no worse than before the change: set CONSUMER_P99_BEFORE=<ms> for a verdict (docs/benchmarks.md keeps the latest figure)"
+	fi
+}
