@@ -66,9 +66,9 @@ class Outbox
     }
 
     /**
-     * Enqueues one event per key/payload pair, all in one transaction (the
-     * caller's, or a new one), and returns their ids in order.  It calls
-     * obx.enqueue once per event.
+     * Enqueues one event per key/payload pair with one call of
+     * obx.enqueue_many (one statement: all or nothing), in the connection's
+     * current transaction, and returns their ids in order.
      *
      * @param string[] $keys
      * @param array[]|\JsonSerializable[] $payloads
@@ -81,18 +81,21 @@ class Outbox
             throw new InvalidEvent(sprintf('obx enqueueMany needs as many keys as payloads (%d keys, %d payloads)',
                 count($keys), count($payloads)));
         }
-        $keys = array_values($keys);
-        $payloads = array_values($payloads);
-        foreach ($payloads as $payload) {
-            Payload::encode($payload);      // refuse them all before the first insert
-        }
-        return $this->db()->transaction(function () use ($topic, $keys, $payloads, $type, $headers) {
-            $ids = [];
-            foreach ($keys as $i => $key) {
-                $ids[] = $this->enqueue($topic, $key, $payloads[$i], $type, null, $headers);
-            }
-            return $ids;
-        });
+        $encoded = array_map([Payload::class, 'encode'], array_values($payloads));
+        $n = count($encoded);
+        $row = $this->db()->selectOne(
+            'select pg_catalog.array_to_json(obx.enqueue_many(
+                 topic => ?,
+                 event_keys => array(select k from pg_catalog.jsonb_array_elements_text(?::jsonb)
+                                     with ordinality as t(k, n) order by n),
+                 payloads => array(select p from pg_catalog.jsonb_array_elements(?::jsonb)
+                                   with ordinality as t(p, n) order by n),
+                 event_types => pg_catalog.array_fill(?::text, array[?::int]),
+                 headers => pg_catalog.array_fill(?::jsonb, array[?::int])))::text as ids',
+            [$topic, json_encode(array_values($keys)), '[' . implode(',', $encoded) . ']',
+             $type, $n, Payload::headers($headers), $n]
+        );
+        return json_decode($row->ids, true) ?? [];
     }
 
     /**
