@@ -6,19 +6,27 @@
  *	  processed, calls the subscription's handler and records progress, or
  *	  quarantines the message as a dead letter.
  *
- * Per message, in one transaction (obx_inbox_handle):
+ * A batch of messages is one transaction (obx_inbox_batch_begin,
+ * obx_inbox_batch_commit); each message is a subtransaction of its own in
+ * it (obx_inbox_apply):
  *	  1. the event, built from the message (inbound.c); a message without an
  *		 event id or a JSON payload is malformed and becomes a dead letter;
  *	  2. obx.mark_processed(consumer, event id); false means a duplicate, and
- *		 the handler is not called;
- *	  3. the handler, in a subtransaction, as the subscription's owner
- *		 (handler.c);
- *	  4. the partition's row in obx.consumer_partitions.
- * A handler error of a transient class (is_transient) rolls the whole
- * transaction back, mark included, and the message is retried; any other
- * handler error is a dead letter, recorded in the transaction that marks
- * the event processed.  An error in obx's own statements is transient.
- * The caller stores the Kafka offset only after this transaction commits.
+ *		 the handler is not called (a duplicate within the batch included:
+ *		 the mark of an earlier message is already in the transaction);
+ *	  3. the handler, in a nested subtransaction, as the subscription's
+ *		 owner (handler.c).
+ * A handler error of a transient class (is_transient) rolls the message's
+ * subtransaction back, mark included, and the message is retried; any
+ * other handler error is a dead letter, recorded in the subtransaction
+ * that marks the event processed.  An error in obx's own statements rolls
+ * the message's subtransaction back and is transient too.
+ *
+ * What each message that was not rolled back did is counted per partition
+ * in memory; obx_inbox_batch_commit writes one row per partition to
+ * obx.consumer_partitions, then commits.  The caller stores the Kafka
+ * offsets only after that commit.  A batch of one message is the
+ * transaction per message of obx.consumer_batch_size = 1.
  *
  *-------------------------------------------------------------------------
  */
@@ -30,6 +38,7 @@
 #include "pgstat.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
+#include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
@@ -45,6 +54,45 @@ static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr dead_letter_plan = NULL;
 static SPIPlanPtr retry_plan = NULL;
 static SPIPlanPtr watermark_plan = NULL;
+
+/* What one message did, kept until its subtransaction is released. */
+typedef struct Outcome
+{
+	ObxInboxResult result;
+	const char *event_id;
+	const char *error_class;
+	const char *error;
+} Outcome;
+
+/* Per partition, what the open batch applied: one progress row each. */
+typedef struct BatchPartition
+{
+	char *topic;
+	int32 partition;
+	int64 next_offset;
+	int64 processed;
+	int64 duplicates;
+	int64 dead_lettered;
+	char *last_event_id;
+	char *error_class;
+	char *error;
+	struct BatchPartition *next;
+} BatchPartition;
+
+/*
+ * The open batch: its partitions, allocated in cxt (the caller's, which
+ * outlives every subtransaction), and the outcome of the message being
+ * applied.  apply_cxt holds one message's allocations and is reset for
+ * the next.
+ */
+static struct
+{
+	MemoryContext cxt;
+	const ObxSubscription *sub;
+	BatchPartition *parts;
+	Outcome pending;
+	MemoryContext apply_cxt;
+} batch;
 
 static const char *progress_sql =
 	"INSERT INTO obx.consumer_partitions AS p"
@@ -262,33 +310,18 @@ text_or_null(const char *s, char *null)
 }
 
 /*
- * The message's partition row in obx.consumer_partitions: next offset past
- * it, the outcome counted, the error (if any) kept.
+ * What the message did, for its partition's row in obx.consumer_partitions:
+ * counted once its subtransaction is released (fold_outcome).
  */
 static void
 record_progress(const ObxInbound *msg, const ObxInboundEvent *ev,
 				ObxInboxResult result, const char *error_class,
 				const char *error)
 {
-	Datum values[10];
-	char nulls[10];
-	int rc;
-
-	memset(nulls, ' ', sizeof(nulls));
-	values[0] = CStringGetTextDatum(msg->sub->name);
-	values[1] = CStringGetTextDatum(msg->topic);
-	values[2] = Int32GetDatum(msg->partition);
-	values[3] = Int64GetDatum(msg->offset + 1);
-	values[4] = Int64GetDatum(result == OBX_INBOX_PROCESSED ? 1 : 0);
-	values[5] = Int64GetDatum(result == OBX_INBOX_DUPLICATE ? 1 : 0);
-	values[6] = Int64GetDatum(result == OBX_INBOX_DEAD_LETTER ? 1 : 0);
-	values[7] = text_or_null(ev->event_id, &nulls[7]);
-	values[8] = text_or_null(error_class, &nulls[8]);
-	values[9] = text_or_null(error, &nulls[9]);
-	rc = SPI_execute_plan(progress_plan, values, nulls, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "obx could not record consumer progress: %s",
-			 SPI_result_code_string(rc));
+	batch.pending.result = result;
+	batch.pending.event_id = ev->event_id;
+	batch.pending.error_class = error_class;
+	batch.pending.error = error;
 }
 
 /* The message in obx.dead_letters, once per offset, with its error. */
@@ -472,7 +505,7 @@ retry_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
 	return OBX_INBOX_RETRY;
 }
 
-/* Any other handler error: a dead letter, in the transaction of the mark. */
+/* Any other handler error: a dead letter, in the subtransaction of the mark. */
 static ObxInboxResult
 dead_letter_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
 						  const ErrorData *edata)
@@ -493,8 +526,8 @@ dead_letter_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
 }
 
 /*
- * Steps 1 to 4 of the file header, inside the message's transaction.
- * OBX_INBOX_RETRY means the caller must roll back; errbuf says why.
+ * Steps 1 to 3 of the file header, inside the message's subtransaction.
+ * OBX_INBOX_RETRY means the caller must roll it back; errbuf says why.
  */
 static ObxInboxResult
 apply_message(const ObxInbound *msg, char *errbuf, size_t errlen)
@@ -522,8 +555,9 @@ apply_message(const ObxInbound *msg, char *errbuf, size_t errlen)
 }
 
 /*
- * In obx_inbox_handle's PG_CATCH: an error in obx's own statements.  The
- * transaction is rolled back and the message retried; errbuf says why.
+ * In obx_inbox_apply's PG_CATCH: an error in obx's own statements.  The
+ * message's subtransaction is rolled back and the message retried; errbuf
+ * says why.
  */
 static void
 retry_after_obx_error(const ObxInbound *msg, char *errbuf, size_t errlen)
@@ -532,7 +566,7 @@ retry_after_obx_error(const ObxInbound *msg, char *errbuf, size_t errlen)
 	const char *note;
 
 	FlushErrorState();
-	AbortCurrentTransaction();
+	RollbackAndReleaseCurrentSubTransaction();
 	snprintf(errbuf, errlen, "obx error %s: %s",
 			 unpack_sql_state(edata->sqlerrcode), edata->message);
 	if (log_now(msg, "obx", edata->sqlerrcode, &note))
@@ -543,18 +577,104 @@ retry_after_obx_error(const ObxInbound *msg, char *errbuf, size_t errlen)
 	FreeErrorData(edata);
 }
 
-/*
- * obx_inbox_handle
- *		Apply one Kafka message in one transaction of its own; see the file
- *		header.  On OBX_INBOX_RETRY, errbuf says why; nothing was committed.
- */
-ObxInboxResult
-obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
+static char *
+copy_or_null(const char *s)
 {
-	MemoryContext caller = CurrentMemoryContext;
-	volatile ObxInboxResult result = OBX_INBOX_RETRY;
+	return s == NULL ? NULL : MemoryContextStrdup(batch.cxt, s);
+}
 
-	errbuf[0] = '\0';
+/* Count the outcome of a message whose subtransaction was released. */
+static void
+fold_outcome(const ObxInbound *msg)
+{
+	BatchPartition *p;
+
+	for (p = batch.parts; p != NULL; p = p->next)
+		if (p->partition == msg->partition && strcmp(p->topic, msg->topic) == 0)
+			break;
+	if (p == NULL)
+	{
+		p = MemoryContextAllocZero(batch.cxt, sizeof(BatchPartition));
+		p->topic = MemoryContextStrdup(batch.cxt, msg->topic);
+		p->partition = msg->partition;
+		p->next = batch.parts;
+		batch.parts = p;
+	}
+	p->next_offset = msg->offset + 1;
+	p->processed += batch.pending.result == OBX_INBOX_PROCESSED;
+	p->duplicates += batch.pending.result == OBX_INBOX_DUPLICATE;
+	p->dead_lettered += batch.pending.result == OBX_INBOX_DEAD_LETTER;
+	if (batch.pending.event_id != NULL)
+		p->last_event_id = copy_or_null(batch.pending.event_id);
+	if (batch.pending.error != NULL)
+	{
+		p->error_class = copy_or_null(batch.pending.error_class);
+		p->error = copy_or_null(batch.pending.error);
+	}
+}
+
+/* One partition's row in obx.consumer_partitions, for the whole batch. */
+static void
+write_progress(const BatchPartition *p)
+{
+	Datum values[10];
+	char nulls[10];
+	int rc;
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = CStringGetTextDatum(batch.sub->name);
+	values[1] = CStringGetTextDatum(p->topic);
+	values[2] = Int32GetDatum(p->partition);
+	values[3] = Int64GetDatum(p->next_offset);
+	values[4] = Int64GetDatum(p->processed);
+	values[5] = Int64GetDatum(p->duplicates);
+	values[6] = Int64GetDatum(p->dead_lettered);
+	values[7] = text_or_null(p->last_event_id, &nulls[7]);
+	values[8] = text_or_null(p->error_class, &nulls[8]);
+	values[9] = text_or_null(p->error, &nulls[9]);
+	rc = SPI_execute_plan(progress_plan, values, nulls, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx could not record consumer progress: %s",
+			 SPI_result_code_string(rc));
+}
+
+/* In a PG_CATCH around the batch's own steps: roll it all back. */
+static void
+abort_batch(char *errbuf, size_t errlen)
+{
+	ErrorData *edata;
+
+	MemoryContextSwitchTo(batch.cxt);
+	edata = CopyErrorData();
+	FlushErrorState();
+	AbortCurrentTransaction();
+	snprintf(errbuf, errlen, "obx error %s: %s",
+			 unpack_sql_state(edata->sqlerrcode), edata->message);
+	ereport(WARNING,
+			(errmsg("obx consumer rolled back a batch of consumer group \"%s\", its messages will be retried",
+					batch.sub->name),
+			 errdetail("%s", errbuf)));
+	FreeErrorData(edata);
+}
+
+/*
+ * obx_inbox_batch_begin
+ *		Open the transaction of a batch of sub's messages.  Allocations
+ *		that must outlive it go to the caller's memory context, which is
+ *		current again on return.  False when it could not be opened
+ *		(errbuf says why; nothing is open).
+ */
+bool
+obx_inbox_batch_begin(const ObxSubscription *sub, char *errbuf, size_t errlen)
+{
+	volatile bool ok = true;
+
+	batch.cxt = CurrentMemoryContext;
+	batch.sub = sub;
+	batch.parts = NULL;
+	if (batch.apply_cxt == NULL)
+		batch.apply_cxt = AllocSetContextCreate(TopMemoryContext, "obx inbox message",
+												ALLOCSET_DEFAULT_SIZES);
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PG_TRY();
@@ -562,31 +682,91 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "obx could not connect to SPI");
 		PushActiveSnapshot(GetTransactionSnapshot());
-		pgstat_report_activity(STATE_RUNNING, "obx: handling a Kafka message");
+		pgstat_report_activity(STATE_RUNNING, "obx: applying Kafka messages");
 		inbox_prepare_plans();
-
-		result = apply_message(msg, errbuf, errlen);
-		if (result == OBX_INBOX_RETRY)
-			AbortCurrentTransaction();
-		else
-		{
-			SPI_finish();
-			PopActiveSnapshot();
-			CommitTransactionCommand();
-		}
 	}
 	PG_CATCH();
 	{
-		MemoryContextSwitchTo(caller);
+		abort_batch(errbuf, errlen);
+		ok = false;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(batch.cxt);
+	return ok;
+}
+
+/*
+ * obx_inbox_apply
+ *		Apply one message of the open batch in a subtransaction of its own;
+ *		see the file header.  On OBX_INBOX_RETRY, errbuf says why and the
+ *		subtransaction was rolled back: nothing of the message remains.
+ */
+ObxInboxResult
+obx_inbox_apply(const ObxInbound *msg, char *errbuf, size_t errlen)
+{
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile ObxInboxResult result = OBX_INBOX_RETRY;
+
+	errbuf[0] = '\0';
+	memset(&batch.pending, 0, sizeof(batch.pending));
+	MemoryContextReset(batch.apply_cxt);
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(batch.apply_cxt);
+	PG_TRY();
+	{
+		result = apply_message(msg, errbuf, errlen);
+		if (result == OBX_INBOX_RETRY)
+			RollbackAndReleaseCurrentSubTransaction();
+		else
+			ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(batch.apply_cxt);
 		retry_after_obx_error(msg, errbuf, errlen);
 		result = OBX_INBOX_RETRY;
 	}
 	PG_END_TRY();
+	MemoryContextSwitchTo(batch.cxt);
+	CurrentResourceOwner = owner;
+	if (result != OBX_INBOX_RETRY)
+		fold_outcome(msg);
+	return result;
+}
 
+/*
+ * obx_inbox_batch_commit
+ *		Write one progress row per partition the batch applied and commit.
+ *		False when that failed: everything was rolled back, errbuf says
+ *		why.
+ */
+bool
+obx_inbox_batch_commit(char *errbuf, size_t errlen)
+{
+	volatile bool ok = true;
+
+	errbuf[0] = '\0';
+	PG_TRY();
+	{
+		BatchPartition *p;
+
+		for (p = batch.parts; p != NULL; p = p->next)
+			write_progress(p);
+		SPI_finish();
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+	}
+	PG_CATCH();
+	{
+		abort_batch(errbuf, errlen);
+		ok = false;
+	}
+	PG_END_TRY();
 	pgstat_report_stat(false);
 	pgstat_report_activity(STATE_IDLE, NULL);
-	MemoryContextSwitchTo(caller);
-	return result;
+	MemoryContextSwitchTo(batch.cxt);
+	batch.parts = NULL;
+	return ok;
 }
 
 /*

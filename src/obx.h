@@ -70,6 +70,8 @@ extern bool obx_quarantine_blocks_key;
 extern int obx_shutdown_timeout_ms;
 extern int obx_consumer_workers;
 extern char *obx_consumer_database;
+extern int obx_consumer_batch_size;
+extern int obx_consumer_batch_time_ms;
 
 /*
  * What a relay worker is doing, as shown by obx.workers.
