@@ -11,7 +11,8 @@
  * it (obx_inbox_apply):
  *	  1. the event, built from the message (inbound.c); a message without an
  *		 event id or a JSON payload is malformed and becomes a dead letter;
- *	  2. obx.mark_processed(consumer, event id); false means a duplicate, and
+ *	  2. the mark in obx.processed_events, as obx.mark_processed records
+ *		 it (mark_sql); an existing mark means a duplicate, and
  *		 the handler is not called (a duplicate within the batch included:
  *		 the mark of an earlier message is already in the transaction);
  *	  3. the handler, in a nested subtransaction, as the subscription's
@@ -94,6 +95,16 @@ static struct
 	MemoryContext apply_cxt;
 } batch;
 
+/*
+ * What obx.mark_processed does for a superuser, without its two function
+ * calls: the worker acts for the subscription, whose owner obx.subscribe
+ * checked.  ON CONFLICT DO NOTHING waits for a concurrent insert of the
+ * same pair; a row inserted means the event is new.
+ */
+static const char *mark_sql =
+	"INSERT INTO obx.processed_events (consumer_name, event_id)"
+	" VALUES ($1, $2) ON CONFLICT DO NOTHING";
+
 static const char *progress_sql =
 	"INSERT INTO obx.consumer_partitions AS p"
 	"   (consumer_name, topic, kafka_partition, next_offset, processed,"
@@ -153,7 +164,7 @@ inbox_prepare_plans(void)
 	{
 		Oid types[] = {TEXTOID, TEXTOID};
 
-		mark_plan = obx_prepare_kept("SELECT obx.mark_processed($1, $2)", 2, types);
+		mark_plan = obx_prepare_kept(mark_sql, 2, types);
 	}
 	{
 		Oid types[] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID,
@@ -366,21 +377,20 @@ record_dead_letter(const ObxInbound *msg, const ObxInboundEvent *ev,
 			 SPI_result_code_string(rc));
 }
 
-/* obx.mark_processed for the event: false when it is a duplicate. */
+/* Mark the event processed (mark_sql): false when it is a duplicate. */
 static bool
 mark_processed(const ObxInbound *msg, const ObxInboundEvent *ev)
 {
 	Datum values[2];
-	bool isnull;
 	int rc;
 
 	values[0] = CStringGetTextDatum(msg->sub->name);
 	values[1] = CStringGetTextDatum(ev->event_id);
-	rc = SPI_execute_plan(mark_plan, values, NULL, false, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "obx.mark_processed failed: %s", SPI_result_code_string(rc));
-	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-									  SPI_tuptable->tupdesc, 1, &isnull));
+	rc = SPI_execute_plan(mark_plan, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx could not mark an event processed: %s",
+			 SPI_result_code_string(rc));
+	return SPI_processed == 1;
 }
 
 typedef struct HandlerArgs
