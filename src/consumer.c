@@ -449,7 +449,8 @@ prepare_batch(Batch *b)
 
 /*
  * Apply b in one transaction, in order; after a transient failure, no later
- * message of that partition.  Returns whether the transaction committed.
+ * message of that partition, and after a shutdown request no message at
+ * all (the rest is read again).  Returns whether the transaction committed.
  */
 static bool
 apply_batch(Batch *b, char *errbuf, size_t errlen)
@@ -458,7 +459,7 @@ apply_batch(Batch *b, char *errbuf, size_t errlen)
 
 	if (!obx_inbox_batch_begin(&b->c->sub, errbuf, errlen))
 		return false;
-	for (i = 0; i < b->n; i++)
+	for (i = 0; i < b->n && !ShutdownRequestPending; i++)
 	{
 		BatchPart *p = b->part[i];
 

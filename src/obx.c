@@ -315,7 +315,7 @@ define_gucs(void)
 							"transaction is open meanwhile, and the worker "
 							"never waits on the network for a batch to fill.",
 							&obx_consumer_batch_time_ms,
-							5, 0, 10000,
+							5, 1, 10000,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
