@@ -15,12 +15,11 @@
  *		 it (mark_sql); an existing mark means a duplicate, and
  *		 the handler is not called (a duplicate within the batch included:
  *		 the mark of an earlier message is already in the transaction);
- *	  3. the handler, in a nested subtransaction, as the subscription's
- *		 owner (handler.c).
- * A handler error of a transient class (is_transient) rolls the message's
- * subtransaction back, mark included, and the message is retried; any
- * other handler error is a dead letter, recorded in the subtransaction
- * that marks the event processed.  An error in obx's own statements rolls
+ *	  3. the handler, as the subscription's owner (handler.c).
+ * A handler error rolls the message's subtransaction back, mark and
+ * effects included.  Of a transient class (is_transient), the message is
+ * retried; any other handler error is a dead letter, recorded with the
+ * mark in a second subtransaction.  An error in obx's own statements rolls
  * the message's subtransaction back and is transient too.
  *
  * What each message that was not rolled back did is counted per partition
@@ -393,41 +392,17 @@ mark_processed(const ObxInbound *msg, const ObxInboundEvent *ev)
 	return SPI_processed == 1;
 }
 
-typedef struct HandlerArgs
+/*
+ * One message being applied: its event, and the error of its handler, if
+ * it failed.  in_handler says that an error raised now is the handler's.
+ */
+typedef struct Attempt
 {
 	const ObxInbound *msg;
-	const ObxInboundEvent *ev;
-} HandlerArgs;
-
-/* In the subtransaction of run_handler: the handler, on the event. */
-static void
-call_handler(void *arg)
-{
-	HandlerArgs *a = (HandlerArgs *) arg;
-	const ObxSubscription *sub = a->msg->sub;
-
-	obx_call_handler(sub->handler, sub->owner, obx_inbound_row(a->msg, a->ev),
-					 sub->handler_timeout_ms);
-}
-
-/*
- * Run the handler on the event in a subtransaction; NULL when it
- * succeeded, else its error, with the subtransaction rolled back.  A
- * message whose handler ended a worker gets that error, without a call.
- */
-static ErrorData *
-run_handler(const ObxInbound *msg, const ObxInboundEvent *ev)
-{
-	HandlerArgs args = {msg, ev};
-	ErrorData *edata = obx_handler_ended_a_worker(msg);
-
-	if (edata != NULL)
-		return edata;
-	obx_handler_enter(msg);
-	edata = obx_in_subtransaction(call_handler, &args);
-	obx_handler_leave();
-	return edata;
-}
+	ObxInboundEvent ev;
+	bool in_handler;
+	ErrorData *handler_error;
+} Attempt;
 
 /*
  * The error classes retried without moving the offset: serialization
@@ -536,36 +511,57 @@ dead_letter_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
 }
 
 /*
- * Steps 1 to 3 of the file header, inside the message's subtransaction.
- * OBX_INBOX_RETRY means the caller must roll it back; errbuf says why.
+ * Steps 1 to 3 of the file header, in the message's subtransaction.  The
+ * handler is called in it directly: its error rolls the subtransaction
+ * back, mark included (see in_subtransaction).  A message whose handler
+ * ended a worker gets that error without a call: OBX_INBOX_RETRY with
+ * a->handler_error set, and the subtransaction is rolled back.
  */
 static ObxInboxResult
-apply_message(const ObxInbound *msg, char *errbuf, size_t errlen)
+mark_and_handle(Attempt *a)
 {
-	ObxInboundEvent ev;
-	ErrorData *edata;
+	const ObxSubscription *sub = a->msg->sub;
+	Datum row;
 
-	obx_inbound_build(msg, &ev);
-	if (ev.malformed)
-		return apply_malformed(msg, &ev);
-	if (!mark_processed(msg, &ev))
+	obx_inbound_build(a->msg, &a->ev);
+	if (a->ev.malformed)
+		return apply_malformed(a->msg, &a->ev);
+	if (!mark_processed(a->msg, &a->ev))
 	{
-		record_progress(msg, &ev, OBX_INBOX_DUPLICATE, NULL, NULL);
+		record_progress(a->msg, &a->ev, OBX_INBOX_DUPLICATE, NULL, NULL);
 		return OBX_INBOX_DUPLICATE;
 	}
-	edata = run_handler(msg, &ev);
-	if (edata == NULL)
-	{
-		record_progress(msg, &ev, OBX_INBOX_PROCESSED, NULL, NULL);
-		return OBX_INBOX_PROCESSED;
-	}
-	if (!obx_handler_timed_out() && is_transient(msg->sub, edata->sqlerrcode))
-		return retry_handler_error(msg, &ev, edata, errbuf, errlen);
-	return dead_letter_handler_error(msg, &ev, edata);
+	a->handler_error = obx_handler_ended_a_worker(a->msg);
+	if (a->handler_error != NULL)
+		return OBX_INBOX_RETRY;
+	row = obx_inbound_row(a->msg, &a->ev);
+	obx_handler_enter(a->msg);
+	a->in_handler = true;
+	obx_call_handler(sub->handler, sub->owner, row, sub->handler_timeout_ms);
+	a->in_handler = false;
+	obx_handler_leave();
+	record_progress(a->msg, &a->ev, OBX_INBOX_PROCESSED, NULL, NULL);
+	return OBX_INBOX_PROCESSED;
 }
 
 /*
- * In obx_inbox_apply's PG_CATCH: an error in obx's own statements.  The
+ * After a handler error that is not retried, in a new subtransaction: the
+ * mark and the dead letter.  The mark can only be there already if
+ * another worker marked the event meanwhile: a duplicate then.
+ */
+static ObxInboxResult
+mark_dead_letter(Attempt *a)
+{
+	if (!mark_processed(a->msg, &a->ev))
+	{
+		record_progress(a->msg, &a->ev, OBX_INBOX_DUPLICATE, NULL, NULL);
+		return OBX_INBOX_DUPLICATE;
+	}
+	return dead_letter_handler_error(a->msg, &a->ev, a->handler_error);
+}
+
+/*
+ * In in_subtransaction's PG_CATCH: an error in obx's own statements.  The
  * message's subtransaction is rolled back and the message retried; errbuf
  * says why.
  */
@@ -706,25 +702,23 @@ obx_inbox_batch_begin(const ObxSubscription *sub, char *errbuf, size_t errlen)
 }
 
 /*
- * obx_inbox_apply
- *		Apply one message of the open batch in a subtransaction of its own;
- *		see the file header.  On OBX_INBOX_RETRY, errbuf says why and the
- *		subtransaction was rolled back: nothing of the message remains.
+ * Run step(a) in a subtransaction: released when it returns a result, rolled
+ * back when it returns OBX_INBOX_RETRY or raises.  The handler's error is
+ * kept in a->handler_error, for the caller to decide on; any other error is
+ * obx's own, transient, and errbuf says why.
  */
-ObxInboxResult
-obx_inbox_apply(const ObxInbound *msg, char *errbuf, size_t errlen)
+static ObxInboxResult
+in_subtransaction(ObxInboxResult (*step)(Attempt *), Attempt *a,
+				  char *errbuf, size_t errlen)
 {
 	ResourceOwner owner = CurrentResourceOwner;
 	volatile ObxInboxResult result = OBX_INBOX_RETRY;
 
-	errbuf[0] = '\0';
-	memset(&batch.pending, 0, sizeof(batch.pending));
-	MemoryContextReset(batch.apply_cxt);
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(batch.apply_cxt);
 	PG_TRY();
 	{
-		result = apply_message(msg, errbuf, errlen);
+		result = step(a);
 		if (result == OBX_INBOX_RETRY)
 			RollbackAndReleaseCurrentSubTransaction();
 		else
@@ -733,12 +727,52 @@ obx_inbox_apply(const ObxInbound *msg, char *errbuf, size_t errlen)
 	PG_CATCH();
 	{
 		MemoryContextSwitchTo(batch.apply_cxt);
-		retry_after_obx_error(msg, errbuf, errlen);
+		memset(&batch.pending, 0, sizeof(batch.pending));
+		if (a->in_handler)
+		{
+			a->in_handler = false;
+			obx_handler_leave();
+			a->handler_error = CopyErrorData();
+			FlushErrorState();
+			RollbackAndReleaseCurrentSubTransaction();
+		}
+		else
+			retry_after_obx_error(a->msg, errbuf, errlen);
 		result = OBX_INBOX_RETRY;
 	}
 	PG_END_TRY();
-	MemoryContextSwitchTo(batch.cxt);
+	MemoryContextSwitchTo(batch.apply_cxt);
 	CurrentResourceOwner = owner;
+	return result;
+}
+
+/*
+ * obx_inbox_apply
+ *		Apply one message of the open batch in a subtransaction of its own;
+ *		see the file header.  On OBX_INBOX_RETRY, errbuf says why and the
+ *		subtransaction was rolled back: nothing of the message remains.
+ */
+ObxInboxResult
+obx_inbox_apply(const ObxInbound *msg, char *errbuf, size_t errlen)
+{
+	Attempt a;
+	ObxInboxResult result;
+
+	errbuf[0] = '\0';
+	memset(&batch.pending, 0, sizeof(batch.pending));
+	memset(&a, 0, sizeof(a));
+	a.msg = msg;
+	MemoryContextReset(batch.apply_cxt);
+	result = in_subtransaction(mark_and_handle, &a, errbuf, errlen);
+	if (a.handler_error != NULL)
+	{
+		if (!obx_handler_timed_out() &&
+			is_transient(msg->sub, a.handler_error->sqlerrcode))
+			result = retry_handler_error(msg, &a.ev, a.handler_error, errbuf, errlen);
+		else
+			result = in_subtransaction(mark_dead_letter, &a, errbuf, errlen);
+	}
+	MemoryContextSwitchTo(batch.cxt);
 	if (result != OBX_INBOX_RETRY)
 		fold_outcome(msg);
 	return result;
