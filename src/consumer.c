@@ -348,7 +348,7 @@ record_watermarks(ObxConsumer *c, TimestampTz now)
 	if (n == 0 || sum == c->watermarks_sum)
 		return;
 	c->watermarks_sum = sum;
-	obx_inbox_watermarks(c->sub.name, n, topics, parts, lows, highs);
+	obx_consumers_record_watermarks(c->sub.name, n, topics, parts, lows, highs);
 }
 
 /*

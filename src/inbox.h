@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * inbox.h
- *	  The consumer worker's statements (inbox.c): the subscriptions it
- *	  serves, and one transaction per batch of Kafka messages, each in a
+ *	  The consumer worker's statements on messages (inbox.c): one
+ *	  transaction per batch of Kafka messages, each in a
  *	  subtransaction that dedupes it and calls its handler or makes it a
  *	  dead letter, with one progress row per partition.
  *
@@ -73,9 +73,6 @@ extern ObxInboxResult obx_inbox_apply(const ObxInbound *msg,
 extern bool obx_inbox_batch_commit(char *errbuf, size_t errlen);
 
 /* Each call is one transaction of its own. */
-extern ObxSubscription *obx_inbox_subscriptions(int *count);
 extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
-extern void obx_inbox_watermarks(const char *consumer, int n, char **topics,
-								 int32 *partitions, int64 *lows, int64 *highs);
 
 #endif /* OBX_INBOX_H */

@@ -20,10 +20,12 @@
  *				which property; the properties file
  *	  enqueue.c	SQL-callable enqueue and the commit wake-up
  *	  status.c	worker status in shared memory and its SQL view
- *	  consumer.c	the consumer worker's loop: messages, held partitions,
+ *	  consumer.c	the consumer worker's loop: batches, held partitions,
  *				offsets
- *	  consumer_group.c	its Kafka consumers, one per subscription
- *	  inbox.c	one transaction per message: dedupe, handler, dead letter
+ *	  consumer_group.c	its Kafka consumers, one per subscription, as
+ *				obx.subscriptions says; their watermarks
+ *	  inbox.c	one transaction per batch of messages, a subtransaction
+ *				per message: dedupe, handler, dead letter
  *	  inbound.c	a Kafka message made into the event a handler gets
  *	  handler.c	every handler call, as the subscription's owner
  *	  consumer_sql.c	subscribe, unsubscribe, mark_processed: who calls
