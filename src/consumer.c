@@ -2,9 +2,17 @@
  *
  * consumer.c
  *	  The consumer worker: reads obx.subscriptions, keeps one librdkafka
- *	  consumer per subscription (consumer group = consumer name), hands each
- *	  message to inbox.c, and stores its offset only after the message's
- *	  transaction has committed.
+ *	  consumer per subscription (consumer group = consumer name), gathers
+ *	  the messages ready for a consumer into a batch, hands the batch to
+ *	  inbox.c to apply in one transaction, and stores the offsets only after
+ *	  that transaction has committed.
+ *
+ * A batch: up to obx.consumer_batch_size messages, gathered for at most
+ * obx.consumer_batch_time with polls that do not wait (only what
+ * librdkafka has already fetched; no transaction is open meanwhile).  Then
+ * one transaction applies them in the order they came, each message in a
+ * subtransaction of its own (inbox.c), and commits; then the offset past
+ * the last applied message of each partition is stored.
  *
  * Offsets: enable.auto.offset.store is off; the worker stores offset + 1
  * after the commit, and librdkafka's auto commit sends stored offsets to
@@ -13,13 +21,16 @@
  * messages whose effects are already committed; obx.mark_processed makes
  * them duplicates.
  *
- * Transient failures: the message's partition is paused and its fetch
- * position sought back to the failed message; after a backoff
+ * Transient failures: the later messages of the failed message's partition
+ * in the batch are not applied (the rest of the batch is, and commits);
+ * after the commit the partition is paused and its fetch position sought
+ * back to the failed message; after a backoff
  * (obx.backoff_min doubling up to obx.backoff_max) it is resumed and the
  * message comes again.  Until the message succeeds, any later message of
  * that partition that arrives is a leftover of the earlier fetch: the
  * worker seeks back again instead of handling it.  Other partitions and
- * other subscriptions go on meanwhile.
+ * other subscriptions go on meanwhile.  When the batch's commit fails,
+ * every partition of the batch is held back so, at its first message.
  *
  * As in kafka.c, librdkafka's threads never run PostgreSQL code: signals
  * are blocked while a handle is created, logs go through the consumer's
@@ -54,7 +65,7 @@
 #include "consumer_group.h"
 #include "worker.h"
 
-/* Messages handled per consumer before the others get a turn. */
+/* Messages handled per consumer (whole batches) before the others get a turn. */
 #define OBX_CONSUMER_FAIRNESS     200
 #define OBX_WATERMARK_INTERVAL_MS 1000
 #define OBX_SEEK_TIMEOUT_MS       5000
@@ -67,6 +78,7 @@ typedef struct HeldPartition
 	int64 offset;          /* the failed message: next to handle */
 	int attempts;          /* consecutive transient failures */
 	TimestampTz resume_at; /* 0 once resumed, waiting for the message */
+	bool taken;            /* the message is in the batch being gathered */
 	struct HeldPartition *next;
 } HeldPartition;
 
@@ -77,12 +89,38 @@ typedef struct ConsumerState
 {
 	ObxWorker w;
 	MemoryContext scratch; /* reset every pass */
-	MemoryContext msg_cxt; /* reset after every message */
+	MemoryContext msg_cxt; /* reset after every batch */
 	int pipefd[2];         /* every consumer queue signals on pipefd[1] */
 	TimestampTz next_refresh;
 } ConsumerState;
 
 static ConsumerState state = {.pipefd = {-1, -1}};
+
+/* A partition of the batch being applied. */
+typedef struct BatchPart
+{
+	const char *topic;
+	int32 partition;
+	int first;   /* index of its first message in the batch */
+	int64 done;  /* offset of its last applied message, or -1 */
+	int failed;  /* index of its message that failed transiently, or -1 */
+	char *error; /* why, when failed */
+	struct BatchPart *next;
+} BatchPart;
+
+/* The messages of one batch of a consumer, in the order they came. */
+typedef struct Batch
+{
+	ObxConsumer *c;
+	int n;
+	rd_kafka_message_t **msgs;
+	ObxInbound *in;   /* what the inbox gets of msgs[i] */
+	BatchPart **part; /* msgs[i]'s partition */
+	BatchPart *parts;
+} Batch;
+
+int obx_consumer_batch_size = 500;
+int obx_consumer_batch_time_ms = 5;
 
 static HeldPartition *
 find_held(ObxConsumer *c, const char *topic, int32 partition)
@@ -177,11 +215,9 @@ resume_due(ObxConsumer *c, TimestampTz now)
 }
 
 static void
-store_offset(ObxConsumer *c, const rd_kafka_message_t *m)
+store_offset(ObxConsumer *c, const char *topic, int32 partition, int64 offset)
 {
-	rd_kafka_topic_partition_list_t *list = one_partition(rd_kafka_topic_name(m->rkt),
-														  m->partition,
-														  m->offset + 1);
+	rd_kafka_topic_partition_list_t *list = one_partition(topic, partition, offset);
 	rd_kafka_resp_err_t err = rd_kafka_offsets_store(c->rk, list);
 
 	/* Not ours any more after a rebalance: the next owner re-reads it. */
@@ -259,48 +295,11 @@ hold_for_retry(ObxConsumer *c, HeldPartition *h, const ObxInbound *in,
 	}
 	h->offset = in->offset;
 	h->attempts++;
+	h->taken = false;
 	hold_back(c, h);
 	h->resume_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 											   backoff_ms(h->attempts));
 	obx_inbox_note_retry(in, error);
-}
-
-/*
- * Hand one message to the inbox; store its offset once its transaction
- * has committed, or hold its partition back on a transient failure.
- *
- * A message of a held partition, or past the held message, was fetched
- * before the seek: every message before the held one has been handled, so
- * dropping it loses nothing, and the held message must come first.
- */
-static void
-handle_message(ObxConsumer *c, rd_kafka_message_t *m)
-{
-	HeldPartition *h = find_held(c, rd_kafka_topic_name(m->rkt), m->partition);
-	ObxInbound in;
-	char errbuf[512];
-
-	if (h != NULL && (h->resume_at != 0 || m->offset > h->offset))
-	{
-		if (h->resume_at == 0)
-		{
-			hold_back(c, h);
-			h->resume_at = GetCurrentTimestamp();
-		}
-		return;
-	}
-
-	inbound_message(c, m, &in);
-	if (obx_inbox_handle(&in, errbuf, sizeof(errbuf)) == OBX_INBOX_RETRY)
-	{
-		hold_for_retry(c, h, &in, errbuf);
-		return;
-	}
-
-	/* Committed: only now may Kafka learn that the group is past it. */
-	store_offset(c, m);
-	if (h != NULL)
-		release_held(c, h);
 }
 
 /*
@@ -349,34 +348,197 @@ record_watermarks(ObxConsumer *c, TimestampTz now)
 	if (n == 0 || sum == c->watermarks_sum)
 		return;
 	c->watermarks_sum = sum;
-	obx_inbox_watermarks(c->sub.name, n, topics, parts, lows, highs);
+	obx_consumers_record_watermarks(c->sub.name, n, topics, parts, lows, highs);
 }
 
-/* Poll one message of c and serve it; false if there was none. */
+/*
+ * Whether a message polled for c goes into the batch.  A message of a held
+ * partition, or past the held message, was fetched before the seek: every
+ * message before the held one has been handled, so dropping it loses
+ * nothing, and the held message must come first.  The messages after the
+ * held one in the same batch follow it.
+ */
 static bool
-serve_one(ObxConsumer *c)
+take_message(ObxConsumer *c, rd_kafka_message_t *m)
 {
-	rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 0);
-	MemoryContext old;
+	HeldPartition *h = find_held(c, rd_kafka_topic_name(m->rkt), m->partition);
 
-	if (m == NULL)
+	if (h == NULL || h->taken)
+		return true;
+	if (h->resume_at != 0 || m->offset > h->offset)
+	{
+		if (h->resume_at == 0)
+		{
+			hold_back(c, h);
+			h->resume_at = GetCurrentTimestamp();
+		}
 		return false;
-	old = MemoryContextSwitchTo(state.msg_cxt);
-	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
-		handle_message(c, m);
-	else
-		obx_consumer_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
-											 rd_kafka_message_errstr(m)));
-	rd_kafka_message_destroy(m);
-	MemoryContextSwitchTo(old);
-	MemoryContextReset(state.msg_cxt);
-	CHECK_FOR_INTERRUPTS();
+	}
+	h->taken = (m->offset == h->offset);
 	return true;
 }
 
 /*
- * Serve every consumer once: up to OBX_CONSUMER_FAIRNESS messages each.
- * Returns how many messages (or events) were served.
+ * Gather the messages ready for c into b: up to obx.consumer_batch_size,
+ * for at most obx.consumer_batch_time, without waiting for the network.
+ * Returns how many messages or events were polled.
+ */
+static int
+gather_batch(ObxConsumer *c, Batch *b)
+{
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													obx_consumer_batch_time_ms);
+	int polled = 0;
+
+	b->c = c;
+	b->n = 0;
+	b->msgs = palloc(sizeof(rd_kafka_message_t *) * obx_consumer_batch_size);
+	while (b->n < obx_consumer_batch_size)
+	{
+		rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 0);
+
+		if (m == NULL)
+			break;
+		polled++;
+		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+			obx_consumer_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
+												 rd_kafka_message_errstr(m)));
+		if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && take_message(c, m))
+			b->msgs[b->n++] = m;
+		else
+			rd_kafka_message_destroy(m);
+		if (GetCurrentTimestamp() >= until)
+			break;
+	}
+	return polled;
+}
+
+/* Each message's partition in b, and what the inbox gets of it. */
+static void
+prepare_batch(Batch *b)
+{
+	int i;
+
+	b->in = palloc(sizeof(ObxInbound) * Max(b->n, 1));
+	b->part = palloc(sizeof(BatchPart *) * Max(b->n, 1));
+	b->parts = NULL;
+	for (i = 0; i < b->n; i++)
+	{
+		rd_kafka_message_t *m = b->msgs[i];
+		const char *topic = rd_kafka_topic_name(m->rkt);
+		BatchPart *p;
+
+		for (p = b->parts; p != NULL; p = p->next)
+			if (p->partition == m->partition && strcmp(p->topic, topic) == 0)
+				break;
+		if (p == NULL)
+		{
+			p = palloc0(sizeof(BatchPart));
+			p->topic = topic;
+			p->partition = m->partition;
+			p->first = i;
+			p->done = -1;
+			p->failed = -1;
+			p->next = b->parts;
+			b->parts = p;
+		}
+		b->part[i] = p;
+		inbound_message(b->c, m, &b->in[i]);
+	}
+}
+
+/*
+ * Apply b in one transaction, in order; after a transient failure, no later
+ * message of that partition, and after a shutdown request no message at
+ * all (the rest is read again).  Returns whether the transaction committed.
+ */
+static bool
+apply_batch(Batch *b, char *errbuf, size_t errlen)
+{
+	int i;
+
+	if (!obx_inbox_batch_begin(&b->c->sub, errbuf, errlen))
+		return false;
+	for (i = 0; i < b->n && !ShutdownRequestPending; i++)
+	{
+		BatchPart *p = b->part[i];
+
+		if (p->failed >= 0)
+			continue;
+		if (obx_inbox_apply(&b->in[i], errbuf, errlen) == OBX_INBOX_RETRY)
+		{
+			p->failed = i;
+			p->error = pstrdup(errbuf);
+		}
+		else
+			p->done = b->in[i].offset;
+		CHECK_FOR_INTERRUPTS();
+	}
+	return obx_inbox_batch_commit(errbuf, errlen);
+}
+
+/*
+ * After the batch's transaction: on commit, store each partition's offset
+ * past its last applied message (only now may Kafka learn that the group
+ * is past it) and hold back the partitions that failed transiently; if the
+ * commit failed, hold back every partition at its first message.
+ */
+static void
+settle_batch(Batch *b, bool committed, const char *error)
+{
+	BatchPart *p;
+
+	for (p = b->parts; p != NULL; p = p->next)
+	{
+		HeldPartition *h = find_held(b->c, p->topic, p->partition);
+		int retry = !committed ? p->first : p->failed;
+
+		if (committed && p->done >= 0)
+			store_offset(b->c, p->topic, p->partition, p->done + 1);
+		if (h != NULL && (retry < 0 || b->in[retry].offset != h->offset))
+		{
+			release_held(b->c, h);
+			h = NULL;
+		}
+		if (retry >= 0)
+			hold_for_retry(b->c, h, &b->in[retry],
+						   committed ? p->error : error);
+	}
+}
+
+/*
+ * Serve one batch of c: gather, apply, settle.  Returns how many messages
+ * or events were polled (0: nothing was ready).
+ */
+static int
+serve_batch(ObxConsumer *c)
+{
+	MemoryContext old = MemoryContextSwitchTo(state.msg_cxt);
+	Batch b;
+	int polled = gather_batch(c, &b);
+	char errbuf[512];
+	int i;
+
+	if (b.n > 0)
+	{
+		bool committed;
+
+		prepare_batch(&b);
+		committed = apply_batch(&b, errbuf, sizeof(errbuf));
+		settle_batch(&b, committed, errbuf);
+	}
+	for (i = 0; i < b.n; i++)
+		rd_kafka_message_destroy(b.msgs[i]);
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(state.msg_cxt);
+	CHECK_FOR_INTERRUPTS();
+	return polled;
+}
+
+/*
+ * Serve every consumer once: batches of each until OBX_CONSUMER_FAIRNESS
+ * messages or nothing is ready.  Returns how many messages (or events)
+ * were served.
  */
 static int
 serve_consumers(void)
@@ -387,17 +549,20 @@ serve_consumers(void)
 
 	for (c = obx_consumers(); c != NULL && !ShutdownRequestPending; c = c->next)
 	{
-		int i;
+		int mine = 0;
 
 		if (c->rk == NULL)
 			continue;
 		resume_due(c, now);
-		for (i = 0; i < OBX_CONSUMER_FAIRNESS && !ShutdownRequestPending; i++)
+		while (mine < OBX_CONSUMER_FAIRNESS && !ShutdownRequestPending)
 		{
-			if (!serve_one(c))
+			int n = serve_batch(c);
+
+			if (n == 0)
 				break;
-			served++;
+			mine += n;
 		}
+		served += mine;
 		record_watermarks(c, now);
 	}
 	return served;

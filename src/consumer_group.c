@@ -5,7 +5,7 @@
  *	  obx.subscriptions, in the consumer group named after it, built with
  *	  the settings the guarantees rest on, refreshed when the subscriptions
  *	  change and closed (leaving the group, committing stored offsets) when
- *	  they go.
+ *	  they go; and the reading of obx.subscriptions they follow.
  *
  * As in kafka.c, librdkafka's threads never run PostgreSQL code: logs and
  * errors go through each consumer's queue, which writes a byte to the
@@ -18,6 +18,11 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -25,11 +30,149 @@
 #include "inbox.h"
 #include "kafka_conf.h"
 #include "status.h"
+#include "handler.h"
+#include "worker.h"
 #include "consumer_group.h"
 
 static int my_worker = -1;
 static int signal_fd = -1;
 static ObxConsumer *consumers = NULL;
+static SPIPlanPtr watermark_plan = NULL;
+
+static const char *watermark_sql =
+	"INSERT INTO obx.consumer_partitions AS p"
+	"   (consumer_name, topic, kafka_partition, low_watermark, high_watermark,"
+	"    watermarks_at)"
+	" SELECT $1, w.topic, w.part, w.low, w.high, pg_catalog.now()"
+	"   FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]),"
+	"                   pg_catalog.unnest($3::pg_catalog.int4[]),"
+	"                   pg_catalog.unnest($4::pg_catalog.int8[]),"
+	"                   pg_catalog.unnest($5::pg_catalog.int8[]))"
+	"        AS w(topic, part, low, high)"
+	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
+	"   SET low_watermark = excluded.low_watermark,"
+	"       high_watermark = excluded.high_watermark,"
+	"       watermarks_at = excluded.watermarks_at";
+
+static char **
+text_array(Datum d, int *n)
+{
+	Datum *elems;
+	bool *nulls;
+	char **out;
+	int i;
+
+	deconstruct_array(DatumGetArrayTypeP(d), TEXTOID, -1, false, TYPALIGN_INT,
+					  &elems, &nulls, n);
+	out = palloc(sizeof(char *) * Max(*n, 1));
+	for (i = 0; i < *n; i++)
+		out[i] = nulls[i] ? pstrdup("") : TextDatumGetCString(elems[i]);
+	return out;
+}
+
+static char *
+copy_text(HeapTuple tup, TupleDesc desc, int col)
+{
+	bool isnull;
+	Datum d = SPI_getbinval(tup, desc, col, &isnull);
+
+	return isnull ? NULL : TextDatumGetCString(d);
+}
+
+/*
+ * Every subscription, with nothing parsed from the options of a row that
+ * has a problem (obx._subscription_problem), so that a bad row cannot
+ * fail the read.
+ */
+static const char *subscriptions_sql =
+	"SELECT s.consumer_name, s.topics, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid,"
+	"       p.oid IS NULL,"
+	"       CASE WHEN q.problem IS NULL"
+	"            THEN coalesce(s.options->>'start', 'earliest') END,"
+	"       CASE WHEN q.problem IS NULL THEN"
+	"       ARRAY(SELECT k.key FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
+	"       CASE WHEN q.problem IS NULL THEN"
+	"       ARRAY(SELECT k.value FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
+	"       CASE WHEN q.problem IS NULL THEN"
+	"       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(s.options->'retry_sqlstates')) END,"
+	"       pg_catalog.concat_ws('|', s.topics::pg_catalog.text, s.handler::pg_catalog.oid,"
+	"                 s.owner::pg_catalog.oid,"
+	"                 s.options::pg_catalog.text, p.oid IS NULL, q.problem),"
+	"       q.problem,"
+	"       CASE WHEN q.problem IS NULL THEN s.options->>'handler_timeout_ms' END"
+	"  FROM obx.subscriptions s"
+	"  LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler"
+	"  CROSS JOIN LATERAL (SELECT obx._subscription_problem(s) AS problem) q"
+	" ORDER BY s.consumer_name";
+
+/* One row of subscriptions_sql, copied in the current memory context. */
+static void
+read_subscription(HeapTuple tup, TupleDesc desc, ObxSubscription *s)
+{
+	bool isnull;
+	char **codes;
+	int nkafka_values;
+	int j;
+
+	s->name = TextDatumGetCString(SPI_getbinval(tup, desc, 1, &isnull));
+	s->topics = text_array(SPI_getbinval(tup, desc, 2, &isnull), &s->ntopics);
+	s->handler = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
+	s->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 4, &isnull));
+	s->handler_missing = DatumGetBool(SPI_getbinval(tup, desc, 5, &isnull));
+	s->signature = TextDatumGetCString(SPI_getbinval(tup, desc, 10, &isnull));
+	s->problem = copy_text(tup, desc, 11);
+	if (s->problem != NULL)
+	{
+		s->start = pstrdup("earliest");
+		s->kafka_names = s->kafka_values = palloc0(sizeof(char *));
+		s->retry_sqlstates = palloc0(sizeof(int));
+		return;
+	}
+	s->start = TextDatumGetCString(SPI_getbinval(tup, desc, 6, &isnull));
+	s->kafka_names = text_array(SPI_getbinval(tup, desc, 7, &isnull), &s->nkafka);
+	s->kafka_values = text_array(SPI_getbinval(tup, desc, 8, &isnull), &nkafka_values);
+	codes = text_array(SPI_getbinval(tup, desc, 9, &isnull), &s->nretry);
+	s->retry_sqlstates = palloc(sizeof(int) * Max(s->nretry, 1));
+	for (j = 0; j < s->nretry; j++)
+	{
+		const char *c = codes[j];
+
+		if (strlen(c) == 5)
+			s->retry_sqlstates[j] = MAKE_SQLSTATE(c[0], c[1], c[2], c[3], c[4]);
+	}
+	s->handler_timeout_ms = obx_handler_timeout(copy_text(tup, desc, 12));
+}
+
+/*
+ * Every subscription, in name order, allocated in the caller's memory
+ * context.  A row the workers cannot serve (a bad row written directly, an
+ * owner or handler gone) comes with its problem set and nothing parsed
+ * from its options.
+ */
+static ObxSubscription *
+read_subscriptions(int *count)
+{
+	MemoryContext caller = obx_step_begin("obx: reading subscriptions");
+	ObxSubscription *subs;
+	int rc;
+	uint64 i;
+
+	rc = SPI_execute(subscriptions_sql, true, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx could not read subscriptions: %s", SPI_result_code_string(rc));
+
+	*count = (int) SPI_processed;
+	subs = MemoryContextAllocZero(caller, sizeof(ObxSubscription) * Max(*count, 1));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		MemoryContext spi = MemoryContextSwitchTo(caller);
+
+		read_subscription(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &subs[i]);
+		MemoryContextSwitchTo(spi);
+	}
+	obx_step_end(caller);
+	return subs;
+}
 
 /*
  * obx_consumers_init
@@ -296,7 +439,7 @@ obx_consumers_refresh(MemoryContext scratch)
 {
 	MemoryContext old = MemoryContextSwitchTo(scratch);
 	int n;
-	ObxSubscription *subs = obx_inbox_subscriptions(&n);
+	ObxSubscription *subs = read_subscriptions(&n);
 	ObxConsumer *kept = NULL;
 	ObxConsumer *c;
 	int i;
@@ -358,4 +501,48 @@ obx_consumers_stop_all(void)
 		consumers = c->next;
 		drop_consumer(c);
 	}
+}
+
+/*
+ * obx_consumers_record_watermarks
+ *		Record the partitions' low and high watermarks of a consumer group,
+ *		for the lag, in a transaction of its own.
+ */
+void
+obx_consumers_record_watermarks(const char *consumer, int n, char **topics,
+								int32 *partitions, int64 *lows, int64 *highs)
+{
+	MemoryContext caller = obx_step_begin("obx: recording consumer watermarks");
+	Datum *t = palloc(sizeof(Datum) * n);
+	Datum *p = palloc(sizeof(Datum) * n);
+	Datum *l = palloc(sizeof(Datum) * n);
+	Datum *h = palloc(sizeof(Datum) * n);
+	Datum values[5];
+	int rc;
+	int i;
+
+	if (watermark_plan == NULL)
+	{
+		Oid types[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
+					   INT8ARRAYOID};
+
+		watermark_plan = obx_prepare_kept(watermark_sql, 5, types);
+	}
+	for (i = 0; i < n; i++)
+	{
+		t[i] = CStringGetTextDatum(topics[i]);
+		p[i] = Int32GetDatum(partitions[i]);
+		l[i] = Int64GetDatum(lows[i]);
+		h[i] = Int64GetDatum(highs[i]);
+	}
+	values[0] = CStringGetTextDatum(consumer);
+	values[1] = PointerGetDatum(construct_array(t, n, TEXTOID, -1, false, TYPALIGN_INT));
+	values[2] = PointerGetDatum(construct_array(p, n, INT4OID, 4, true, TYPALIGN_INT));
+	values[3] = PointerGetDatum(construct_array(l, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	values[4] = PointerGetDatum(construct_array(h, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	rc = SPI_execute_plan(watermark_plan, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx could not record consumer watermarks: %s",
+			 SPI_result_code_string(rc));
+	obx_step_end(caller);
 }

@@ -36,5 +36,8 @@ extern ObxConsumer *obx_consumers(void);
 extern void obx_consumers_refresh(MemoryContext scratch);
 extern void obx_consumers_stop_all(void);
 extern void obx_consumer_kafka_error(ObxConsumer *c, const char *what);
+extern void obx_consumers_record_watermarks(const char *consumer, int n,
+											char **topics, int32 *partitions,
+											int64 *lows, int64 *highs);
 
 #endif /* OBX_CONSUMER_GROUP_H */

@@ -1,24 +1,33 @@
 /*-------------------------------------------------------------------------
  *
  * inbox.c
- *	  Every statement the consumer worker runs: reading the subscriptions,
- *	  and the one transaction per Kafka message that marks the event
- *	  processed, calls the subscription's handler and records progress, or
- *	  quarantines the message as a dead letter.
+ *	  The statements the consumer worker runs on Kafka messages: the one
+ *	  transaction per batch of messages, in which each message's
+ *	  subtransaction marks the event processed and calls the subscription's
+ *	  handler, or quarantines the message as a dead letter; the progress
+ *	  rows; retries and watermarks.
  *
- * Per message, in one transaction (obx_inbox_handle):
+ * A batch of messages is one transaction (obx_inbox_batch_begin,
+ * obx_inbox_batch_commit); each message is a subtransaction of its own in
+ * it (obx_inbox_apply):
  *	  1. the event, built from the message (inbound.c); a message without an
  *		 event id or a JSON payload is malformed and becomes a dead letter;
- *	  2. obx.mark_processed(consumer, event id); false means a duplicate, and
- *		 the handler is not called;
- *	  3. the handler, in a subtransaction, as the subscription's owner
- *		 (handler.c);
- *	  4. the partition's row in obx.consumer_partitions.
- * A handler error of a transient class (is_transient) rolls the whole
- * transaction back, mark included, and the message is retried; any other
- * handler error is a dead letter, recorded in the transaction that marks
- * the event processed.  An error in obx's own statements is transient.
- * The caller stores the Kafka offset only after this transaction commits.
+ *	  2. the mark in obx.processed_events, as obx.mark_processed records
+ *		 it (mark_sql); an existing mark means a duplicate, and
+ *		 the handler is not called (a duplicate within the batch included:
+ *		 the mark of an earlier message is already in the transaction);
+ *	  3. the handler, as the subscription's owner (handler.c).
+ * A handler error rolls the message's subtransaction back, mark and
+ * effects included.  Of a transient class (is_transient), the message is
+ * retried; any other handler error is a dead letter, recorded with the
+ * mark in a second subtransaction.  An error in obx's own statements rolls
+ * the message's subtransaction back and is transient too.
+ *
+ * What each message that was not rolled back did is counted per partition
+ * in memory; obx_inbox_batch_commit writes one row per partition to
+ * obx.consumer_partitions, then commits.  The caller stores the Kafka
+ * offsets only after that commit.  A batch of one message is the
+ * transaction per message of obx.consumer_batch_size = 1.
  *
  *-------------------------------------------------------------------------
  */
@@ -30,6 +39,7 @@
 #include "pgstat.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
+#include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
@@ -44,7 +54,55 @@ static SPIPlanPtr mark_plan = NULL;
 static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr dead_letter_plan = NULL;
 static SPIPlanPtr retry_plan = NULL;
-static SPIPlanPtr watermark_plan = NULL;
+
+/* What one message did, kept until its subtransaction is released. */
+typedef struct Outcome
+{
+	ObxInboxResult result;
+	const char *event_id;
+	const char *error_class;
+	const char *error;
+} Outcome;
+
+/* Per partition, what the open batch applied: one progress row each. */
+typedef struct BatchPartition
+{
+	char *topic;
+	int32 partition;
+	int64 next_offset;
+	int64 processed;
+	int64 duplicates;
+	int64 dead_lettered;
+	char *last_event_id;
+	char *error_class;
+	char *error;
+	struct BatchPartition *next;
+} BatchPartition;
+
+/*
+ * The open batch: its partitions, allocated in cxt (the caller's, which
+ * outlives every subtransaction), and the outcome of the message being
+ * applied.  apply_cxt holds one message's allocations and is reset for
+ * the next.
+ */
+static struct
+{
+	MemoryContext cxt;
+	const ObxSubscription *sub;
+	BatchPartition *parts;
+	Outcome pending;
+	MemoryContext apply_cxt;
+} batch;
+
+/*
+ * What obx.mark_processed does for a superuser, without its two function
+ * calls: the worker acts for the subscription, whose owner obx.subscribe
+ * checked.  ON CONFLICT DO NOTHING waits for a concurrent insert of the
+ * same pair; a row inserted means the event is new.
+ */
+static const char *mark_sql =
+	"INSERT INTO obx.processed_events (consumer_name, event_id)"
+	" VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
 static const char *progress_sql =
 	"INSERT INTO obx.consumer_partitions AS p"
@@ -81,21 +139,6 @@ static const char *retry_sql =
 	"   SET retries = p.retries + 1, last_error_class = 'transient',"
 	"       last_error = excluded.last_error, last_error_at = pg_catalog.now()";
 
-static const char *watermark_sql =
-	"INSERT INTO obx.consumer_partitions AS p"
-	"   (consumer_name, topic, kafka_partition, low_watermark, high_watermark,"
-	"    watermarks_at)"
-	" SELECT $1, w.topic, w.part, w.low, w.high, pg_catalog.now()"
-	"   FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]),"
-	"                   pg_catalog.unnest($3::pg_catalog.int4[]),"
-	"                   pg_catalog.unnest($4::pg_catalog.int8[]),"
-	"                   pg_catalog.unnest($5::pg_catalog.int8[]))"
-	"        AS w(topic, part, low, high)"
-	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
-	"   SET low_watermark = excluded.low_watermark,"
-	"       high_watermark = excluded.high_watermark,"
-	"       watermarks_at = excluded.watermarks_at";
-
 /* This file's statements, prepared once per process and kept (SPI_keepplan). */
 static void
 inbox_prepare_plans(void)
@@ -105,7 +148,7 @@ inbox_prepare_plans(void)
 	{
 		Oid types[] = {TEXTOID, TEXTOID};
 
-		mark_plan = obx_prepare_kept("SELECT obx.mark_processed($1, $2)", 2, types);
+		mark_plan = obx_prepare_kept(mark_sql, 2, types);
 	}
 	{
 		Oid types[] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID,
@@ -125,133 +168,6 @@ inbox_prepare_plans(void)
 
 		retry_plan = obx_prepare_kept(retry_sql, 4, types);
 	}
-	{
-		Oid types[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
-					   INT8ARRAYOID};
-
-		watermark_plan = obx_prepare_kept(watermark_sql, 5, types);
-	}
-}
-
-static char **
-text_array(Datum d, int *n)
-{
-	Datum *elems;
-	bool *nulls;
-	char **out;
-	int i;
-
-	deconstruct_array(DatumGetArrayTypeP(d), TEXTOID, -1, false, TYPALIGN_INT,
-					  &elems, &nulls, n);
-	out = palloc(sizeof(char *) * Max(*n, 1));
-	for (i = 0; i < *n; i++)
-		out[i] = nulls[i] ? pstrdup("") : TextDatumGetCString(elems[i]);
-	return out;
-}
-
-static char *
-copy_text(HeapTuple tup, TupleDesc desc, int col)
-{
-	bool isnull;
-	Datum d = SPI_getbinval(tup, desc, col, &isnull);
-
-	return isnull ? NULL : TextDatumGetCString(d);
-}
-
-/*
- * Every subscription, with nothing parsed from the options of a row that
- * has a problem (obx._subscription_problem), so that a bad row cannot
- * fail the read.
- */
-static const char *subscriptions_sql =
-	"SELECT s.consumer_name, s.topics, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid,"
-	"       p.oid IS NULL,"
-	"       CASE WHEN q.problem IS NULL"
-	"            THEN coalesce(s.options->>'start', 'earliest') END,"
-	"       CASE WHEN q.problem IS NULL THEN"
-	"       ARRAY(SELECT k.key FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
-	"       CASE WHEN q.problem IS NULL THEN"
-	"       ARRAY(SELECT k.value FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
-	"       CASE WHEN q.problem IS NULL THEN"
-	"       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(s.options->'retry_sqlstates')) END,"
-	"       pg_catalog.concat_ws('|', s.topics::pg_catalog.text, s.handler::pg_catalog.oid,"
-	"                 s.owner::pg_catalog.oid,"
-	"                 s.options::pg_catalog.text, p.oid IS NULL, q.problem),"
-	"       q.problem,"
-	"       CASE WHEN q.problem IS NULL THEN s.options->>'handler_timeout_ms' END"
-	"  FROM obx.subscriptions s"
-	"  LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler"
-	"  CROSS JOIN LATERAL (SELECT obx._subscription_problem(s) AS problem) q"
-	" ORDER BY s.consumer_name";
-
-/* One row of subscriptions_sql, copied in the current memory context. */
-static void
-read_subscription(HeapTuple tup, TupleDesc desc, ObxSubscription *s)
-{
-	bool isnull;
-	char **codes;
-	int nkafka_values;
-	int j;
-
-	s->name = TextDatumGetCString(SPI_getbinval(tup, desc, 1, &isnull));
-	s->topics = text_array(SPI_getbinval(tup, desc, 2, &isnull), &s->ntopics);
-	s->handler = DatumGetObjectId(SPI_getbinval(tup, desc, 3, &isnull));
-	s->owner = DatumGetObjectId(SPI_getbinval(tup, desc, 4, &isnull));
-	s->handler_missing = DatumGetBool(SPI_getbinval(tup, desc, 5, &isnull));
-	s->signature = TextDatumGetCString(SPI_getbinval(tup, desc, 10, &isnull));
-	s->problem = copy_text(tup, desc, 11);
-	if (s->problem != NULL)
-	{
-		s->start = pstrdup("earliest");
-		s->kafka_names = s->kafka_values = palloc0(sizeof(char *));
-		s->retry_sqlstates = palloc0(sizeof(int));
-		return;
-	}
-	s->start = TextDatumGetCString(SPI_getbinval(tup, desc, 6, &isnull));
-	s->kafka_names = text_array(SPI_getbinval(tup, desc, 7, &isnull), &s->nkafka);
-	s->kafka_values = text_array(SPI_getbinval(tup, desc, 8, &isnull), &nkafka_values);
-	codes = text_array(SPI_getbinval(tup, desc, 9, &isnull), &s->nretry);
-	s->retry_sqlstates = palloc(sizeof(int) * Max(s->nretry, 1));
-	for (j = 0; j < s->nretry; j++)
-	{
-		const char *c = codes[j];
-
-		if (strlen(c) == 5)
-			s->retry_sqlstates[j] = MAKE_SQLSTATE(c[0], c[1], c[2], c[3], c[4]);
-	}
-	s->handler_timeout_ms = obx_handler_timeout(copy_text(tup, desc, 12));
-}
-
-/*
- * obx_inbox_subscriptions
- *		Every subscription, in name order, allocated in the caller's
- *		memory context.  A row the workers cannot serve (a bad row written
- *		directly, an owner or handler gone) comes with its problem set and
- *		nothing parsed from its options.
- */
-ObxSubscription *
-obx_inbox_subscriptions(int *count)
-{
-	MemoryContext caller = obx_step_begin("obx: reading subscriptions");
-	ObxSubscription *subs;
-	int rc;
-	uint64 i;
-
-	rc = SPI_execute(subscriptions_sql, true, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "obx could not read subscriptions: %s", SPI_result_code_string(rc));
-
-	*count = (int) SPI_processed;
-	subs = MemoryContextAllocZero(caller, sizeof(ObxSubscription) * Max(*count, 1));
-	for (i = 0; i < SPI_processed; i++)
-	{
-		MemoryContext spi = MemoryContextSwitchTo(caller);
-
-		read_subscription(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &subs[i]);
-		MemoryContextSwitchTo(spi);
-	}
-	obx_step_end(caller);
-	return subs;
 }
 
 static Datum
@@ -262,33 +178,18 @@ text_or_null(const char *s, char *null)
 }
 
 /*
- * The message's partition row in obx.consumer_partitions: next offset past
- * it, the outcome counted, the error (if any) kept.
+ * What the message did, for its partition's row in obx.consumer_partitions:
+ * counted once its subtransaction is released (fold_outcome).
  */
 static void
 record_progress(const ObxInbound *msg, const ObxInboundEvent *ev,
 				ObxInboxResult result, const char *error_class,
 				const char *error)
 {
-	Datum values[10];
-	char nulls[10];
-	int rc;
-
-	memset(nulls, ' ', sizeof(nulls));
-	values[0] = CStringGetTextDatum(msg->sub->name);
-	values[1] = CStringGetTextDatum(msg->topic);
-	values[2] = Int32GetDatum(msg->partition);
-	values[3] = Int64GetDatum(msg->offset + 1);
-	values[4] = Int64GetDatum(result == OBX_INBOX_PROCESSED ? 1 : 0);
-	values[5] = Int64GetDatum(result == OBX_INBOX_DUPLICATE ? 1 : 0);
-	values[6] = Int64GetDatum(result == OBX_INBOX_DEAD_LETTER ? 1 : 0);
-	values[7] = text_or_null(ev->event_id, &nulls[7]);
-	values[8] = text_or_null(error_class, &nulls[8]);
-	values[9] = text_or_null(error, &nulls[9]);
-	rc = SPI_execute_plan(progress_plan, values, nulls, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "obx could not record consumer progress: %s",
-			 SPI_result_code_string(rc));
+	batch.pending.result = result;
+	batch.pending.event_id = ev->event_id;
+	batch.pending.error_class = error_class;
+	batch.pending.error = error;
 }
 
 /* The message in obx.dead_letters, once per offset, with its error. */
@@ -333,58 +234,33 @@ record_dead_letter(const ObxInbound *msg, const ObxInboundEvent *ev,
 			 SPI_result_code_string(rc));
 }
 
-/* obx.mark_processed for the event: false when it is a duplicate. */
+/* Mark the event processed (mark_sql): false when it is a duplicate. */
 static bool
 mark_processed(const ObxInbound *msg, const ObxInboundEvent *ev)
 {
 	Datum values[2];
-	bool isnull;
 	int rc;
 
 	values[0] = CStringGetTextDatum(msg->sub->name);
 	values[1] = CStringGetTextDatum(ev->event_id);
-	rc = SPI_execute_plan(mark_plan, values, NULL, false, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "obx.mark_processed failed: %s", SPI_result_code_string(rc));
-	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-									  SPI_tuptable->tupdesc, 1, &isnull));
-}
-
-typedef struct HandlerArgs
-{
-	const ObxInbound *msg;
-	const ObxInboundEvent *ev;
-} HandlerArgs;
-
-/* In the subtransaction of run_handler: the handler, on the event. */
-static void
-call_handler(void *arg)
-{
-	HandlerArgs *a = (HandlerArgs *) arg;
-	const ObxSubscription *sub = a->msg->sub;
-
-	obx_call_handler(sub->handler, sub->owner, obx_inbound_row(a->msg, a->ev),
-					 sub->handler_timeout_ms);
+	rc = SPI_execute_plan(mark_plan, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx could not mark an event processed: %s",
+			 SPI_result_code_string(rc));
+	return SPI_processed == 1;
 }
 
 /*
- * Run the handler on the event in a subtransaction; NULL when it
- * succeeded, else its error, with the subtransaction rolled back.  A
- * message whose handler ended a worker gets that error, without a call.
+ * One message being applied: its event, and the error of its handler, if
+ * it failed.  in_handler says that an error raised now is the handler's.
  */
-static ErrorData *
-run_handler(const ObxInbound *msg, const ObxInboundEvent *ev)
+typedef struct Attempt
 {
-	HandlerArgs args = {msg, ev};
-	ErrorData *edata = obx_handler_ended_a_worker(msg);
-
-	if (edata != NULL)
-		return edata;
-	obx_handler_enter(msg);
-	edata = obx_in_subtransaction(call_handler, &args);
-	obx_handler_leave();
-	return edata;
-}
+	const ObxInbound *msg;
+	ObxInboundEvent ev;
+	bool in_handler;
+	ErrorData *handler_error;
+} Attempt;
 
 /*
  * The error classes retried without moving the offset: serialization
@@ -472,7 +348,7 @@ retry_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
 	return OBX_INBOX_RETRY;
 }
 
-/* Any other handler error: a dead letter, in the transaction of the mark. */
+/* Any other handler error: a dead letter, in the subtransaction of the mark. */
 static ObxInboxResult
 dead_letter_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
 						  const ErrorData *edata)
@@ -493,37 +369,59 @@ dead_letter_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
 }
 
 /*
- * Steps 1 to 4 of the file header, inside the message's transaction.
- * OBX_INBOX_RETRY means the caller must roll back; errbuf says why.
+ * Steps 1 to 3 of the file header, in the message's subtransaction.  The
+ * handler is called in it directly: its error rolls the subtransaction
+ * back, mark included (see in_subtransaction).  A message whose handler
+ * ended a worker gets that error without a call: OBX_INBOX_RETRY with
+ * a->handler_error set, and the subtransaction is rolled back.
  */
 static ObxInboxResult
-apply_message(const ObxInbound *msg, char *errbuf, size_t errlen)
+mark_and_handle(Attempt *a)
 {
-	ObxInboundEvent ev;
-	ErrorData *edata;
+	const ObxSubscription *sub = a->msg->sub;
+	Datum row;
 
-	obx_inbound_build(msg, &ev);
-	if (ev.malformed)
-		return apply_malformed(msg, &ev);
-	if (!mark_processed(msg, &ev))
+	obx_inbound_build(a->msg, &a->ev);
+	if (a->ev.malformed)
+		return apply_malformed(a->msg, &a->ev);
+	if (!mark_processed(a->msg, &a->ev))
 	{
-		record_progress(msg, &ev, OBX_INBOX_DUPLICATE, NULL, NULL);
+		record_progress(a->msg, &a->ev, OBX_INBOX_DUPLICATE, NULL, NULL);
 		return OBX_INBOX_DUPLICATE;
 	}
-	edata = run_handler(msg, &ev);
-	if (edata == NULL)
-	{
-		record_progress(msg, &ev, OBX_INBOX_PROCESSED, NULL, NULL);
-		return OBX_INBOX_PROCESSED;
-	}
-	if (!obx_handler_timed_out() && is_transient(msg->sub, edata->sqlerrcode))
-		return retry_handler_error(msg, &ev, edata, errbuf, errlen);
-	return dead_letter_handler_error(msg, &ev, edata);
+	a->handler_error = obx_handler_ended_a_worker(a->msg);
+	if (a->handler_error != NULL)
+		return OBX_INBOX_RETRY;
+	row = obx_inbound_row(a->msg, &a->ev);
+	obx_handler_enter(a->msg);
+	a->in_handler = true;
+	obx_call_handler(sub->handler, sub->owner, row, sub->handler_timeout_ms);
+	a->in_handler = false;
+	obx_handler_leave();
+	record_progress(a->msg, &a->ev, OBX_INBOX_PROCESSED, NULL, NULL);
+	return OBX_INBOX_PROCESSED;
 }
 
 /*
- * In obx_inbox_handle's PG_CATCH: an error in obx's own statements.  The
- * transaction is rolled back and the message retried; errbuf says why.
+ * After a handler error that is not retried, in a new subtransaction: the
+ * mark and the dead letter.  The mark can only be there already if
+ * another worker marked the event meanwhile: a duplicate then.
+ */
+static ObxInboxResult
+mark_dead_letter(Attempt *a)
+{
+	if (!mark_processed(a->msg, &a->ev))
+	{
+		record_progress(a->msg, &a->ev, OBX_INBOX_DUPLICATE, NULL, NULL);
+		return OBX_INBOX_DUPLICATE;
+	}
+	return dead_letter_handler_error(a->msg, &a->ev, a->handler_error);
+}
+
+/*
+ * In in_subtransaction's PG_CATCH: an error in obx's own statements.  The
+ * message's subtransaction is rolled back and the message retried; errbuf
+ * says why.
  */
 static void
 retry_after_obx_error(const ObxInbound *msg, char *errbuf, size_t errlen)
@@ -532,7 +430,7 @@ retry_after_obx_error(const ObxInbound *msg, char *errbuf, size_t errlen)
 	const char *note;
 
 	FlushErrorState();
-	AbortCurrentTransaction();
+	RollbackAndReleaseCurrentSubTransaction();
 	snprintf(errbuf, errlen, "obx error %s: %s",
 			 unpack_sql_state(edata->sqlerrcode), edata->message);
 	if (log_now(msg, "obx", edata->sqlerrcode, &note))
@@ -543,18 +441,104 @@ retry_after_obx_error(const ObxInbound *msg, char *errbuf, size_t errlen)
 	FreeErrorData(edata);
 }
 
-/*
- * obx_inbox_handle
- *		Apply one Kafka message in one transaction of its own; see the file
- *		header.  On OBX_INBOX_RETRY, errbuf says why; nothing was committed.
- */
-ObxInboxResult
-obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
+static char *
+copy_or_null(const char *s)
 {
-	MemoryContext caller = CurrentMemoryContext;
-	volatile ObxInboxResult result = OBX_INBOX_RETRY;
+	return s == NULL ? NULL : MemoryContextStrdup(batch.cxt, s);
+}
 
-	errbuf[0] = '\0';
+/* Count the outcome of a message whose subtransaction was released. */
+static void
+fold_outcome(const ObxInbound *msg)
+{
+	BatchPartition *p;
+
+	for (p = batch.parts; p != NULL; p = p->next)
+		if (p->partition == msg->partition && strcmp(p->topic, msg->topic) == 0)
+			break;
+	if (p == NULL)
+	{
+		p = MemoryContextAllocZero(batch.cxt, sizeof(BatchPartition));
+		p->topic = MemoryContextStrdup(batch.cxt, msg->topic);
+		p->partition = msg->partition;
+		p->next = batch.parts;
+		batch.parts = p;
+	}
+	p->next_offset = msg->offset + 1;
+	p->processed += batch.pending.result == OBX_INBOX_PROCESSED;
+	p->duplicates += batch.pending.result == OBX_INBOX_DUPLICATE;
+	p->dead_lettered += batch.pending.result == OBX_INBOX_DEAD_LETTER;
+	if (batch.pending.event_id != NULL)
+		p->last_event_id = copy_or_null(batch.pending.event_id);
+	if (batch.pending.error != NULL)
+	{
+		p->error_class = copy_or_null(batch.pending.error_class);
+		p->error = copy_or_null(batch.pending.error);
+	}
+}
+
+/* One partition's row in obx.consumer_partitions, for the whole batch. */
+static void
+write_progress(const BatchPartition *p)
+{
+	Datum values[10];
+	char nulls[10];
+	int rc;
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = CStringGetTextDatum(batch.sub->name);
+	values[1] = CStringGetTextDatum(p->topic);
+	values[2] = Int32GetDatum(p->partition);
+	values[3] = Int64GetDatum(p->next_offset);
+	values[4] = Int64GetDatum(p->processed);
+	values[5] = Int64GetDatum(p->duplicates);
+	values[6] = Int64GetDatum(p->dead_lettered);
+	values[7] = text_or_null(p->last_event_id, &nulls[7]);
+	values[8] = text_or_null(p->error_class, &nulls[8]);
+	values[9] = text_or_null(p->error, &nulls[9]);
+	rc = SPI_execute_plan(progress_plan, values, nulls, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx could not record consumer progress: %s",
+			 SPI_result_code_string(rc));
+}
+
+/* In a PG_CATCH around the batch's own steps: roll it all back. */
+static void
+abort_batch(char *errbuf, size_t errlen)
+{
+	ErrorData *edata;
+
+	MemoryContextSwitchTo(batch.cxt);
+	edata = CopyErrorData();
+	FlushErrorState();
+	AbortCurrentTransaction();
+	snprintf(errbuf, errlen, "obx error %s: %s",
+			 unpack_sql_state(edata->sqlerrcode), edata->message);
+	ereport(WARNING,
+			(errmsg("obx consumer rolled back a batch of consumer group \"%s\", its messages will be retried",
+					batch.sub->name),
+			 errdetail("%s", errbuf)));
+	FreeErrorData(edata);
+}
+
+/*
+ * obx_inbox_batch_begin
+ *		Open the transaction of a batch of sub's messages.  Allocations
+ *		that must outlive it go to the caller's memory context, which is
+ *		current again on return.  False when it could not be opened
+ *		(errbuf says why; nothing is open).
+ */
+bool
+obx_inbox_batch_begin(const ObxSubscription *sub, char *errbuf, size_t errlen)
+{
+	volatile bool ok = true;
+
+	batch.cxt = CurrentMemoryContext;
+	batch.sub = sub;
+	batch.parts = NULL;
+	if (batch.apply_cxt == NULL)
+		batch.apply_cxt = AllocSetContextCreate(TopMemoryContext, "obx inbox message",
+												ALLOCSET_DEFAULT_SIZES);
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PG_TRY();
@@ -562,31 +546,129 @@ obx_inbox_handle(const ObxInbound *msg, char *errbuf, size_t errlen)
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "obx could not connect to SPI");
 		PushActiveSnapshot(GetTransactionSnapshot());
-		pgstat_report_activity(STATE_RUNNING, "obx: handling a Kafka message");
+		pgstat_report_activity(STATE_RUNNING, "obx: applying Kafka messages");
 		inbox_prepare_plans();
-
-		result = apply_message(msg, errbuf, errlen);
-		if (result == OBX_INBOX_RETRY)
-			AbortCurrentTransaction();
-		else
-		{
-			SPI_finish();
-			PopActiveSnapshot();
-			CommitTransactionCommand();
-		}
 	}
 	PG_CATCH();
 	{
-		MemoryContextSwitchTo(caller);
-		retry_after_obx_error(msg, errbuf, errlen);
+		abort_batch(errbuf, errlen);
+		ok = false;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(batch.cxt);
+	return ok;
+}
+
+/*
+ * Run step(a) in a subtransaction: released when it returns a result, rolled
+ * back when it returns OBX_INBOX_RETRY or raises.  The handler's error is
+ * kept in a->handler_error, for the caller to decide on; any other error is
+ * obx's own, transient, and errbuf says why.
+ */
+static ObxInboxResult
+in_subtransaction(ObxInboxResult (*step)(Attempt *), Attempt *a,
+				  char *errbuf, size_t errlen)
+{
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile ObxInboxResult result = OBX_INBOX_RETRY;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(batch.apply_cxt);
+	PG_TRY();
+	{
+		result = step(a);
+		if (result == OBX_INBOX_RETRY)
+			RollbackAndReleaseCurrentSubTransaction();
+		else
+			ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(batch.apply_cxt);
+		memset(&batch.pending, 0, sizeof(batch.pending));
+		if (a->in_handler)
+		{
+			a->in_handler = false;
+			obx_handler_leave();
+			a->handler_error = CopyErrorData();
+			FlushErrorState();
+			RollbackAndReleaseCurrentSubTransaction();
+		}
+		else
+			retry_after_obx_error(a->msg, errbuf, errlen);
 		result = OBX_INBOX_RETRY;
 	}
 	PG_END_TRY();
+	MemoryContextSwitchTo(batch.apply_cxt);
+	CurrentResourceOwner = owner;
+	return result;
+}
 
+/*
+ * obx_inbox_apply
+ *		Apply one message of the open batch in a subtransaction of its own;
+ *		see the file header.  On OBX_INBOX_RETRY, errbuf says why and the
+ *		subtransaction was rolled back: nothing of the message remains.
+ */
+ObxInboxResult
+obx_inbox_apply(const ObxInbound *msg, char *errbuf, size_t errlen)
+{
+	Attempt a;
+	ObxInboxResult result;
+
+	errbuf[0] = '\0';
+	memset(&batch.pending, 0, sizeof(batch.pending));
+	memset(&a, 0, sizeof(a));
+	a.msg = msg;
+	MemoryContextReset(batch.apply_cxt);
+	result = in_subtransaction(mark_and_handle, &a, errbuf, errlen);
+	if (a.handler_error != NULL)
+	{
+		if (!obx_handler_timed_out() &&
+			is_transient(msg->sub, a.handler_error->sqlerrcode))
+			result = retry_handler_error(msg, &a.ev, a.handler_error, errbuf, errlen);
+		else
+			result = in_subtransaction(mark_dead_letter, &a, errbuf, errlen);
+	}
+	MemoryContextSwitchTo(batch.cxt);
+	if (result != OBX_INBOX_RETRY)
+		fold_outcome(msg);
+	return result;
+}
+
+/*
+ * obx_inbox_batch_commit
+ *		Write one progress row per partition the batch applied and commit.
+ *		False when that failed: everything was rolled back, errbuf says
+ *		why.
+ */
+bool
+obx_inbox_batch_commit(char *errbuf, size_t errlen)
+{
+	volatile bool ok = true;
+
+	errbuf[0] = '\0';
+	PG_TRY();
+	{
+		BatchPartition *p;
+
+		for (p = batch.parts; p != NULL; p = p->next)
+			write_progress(p);
+		SPI_finish();
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+	}
+	PG_CATCH();
+	{
+		abort_batch(errbuf, errlen);
+		ok = false;
+	}
+	PG_END_TRY();
 	pgstat_report_stat(false);
 	pgstat_report_activity(STATE_IDLE, NULL);
-	MemoryContextSwitchTo(caller);
-	return result;
+	MemoryContextSwitchTo(batch.cxt);
+	batch.parts = NULL;
+	return ok;
 }
 
 /*
@@ -609,43 +691,6 @@ obx_inbox_note_retry(const ObxInbound *msg, const char *error)
 	rc = SPI_execute_plan(retry_plan, values, NULL, false, 0);
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx could not record a consumer retry: %s",
-			 SPI_result_code_string(rc));
-	obx_step_end(caller);
-}
-
-/*
- * obx_inbox_watermarks
- *		Record the partitions' low and high watermarks, for the lag.
- */
-void
-obx_inbox_watermarks(const char *consumer, int n, char **topics,
-					 int32 *partitions, int64 *lows, int64 *highs)
-{
-	MemoryContext caller = obx_step_begin("obx: recording consumer watermarks");
-	Datum *t = palloc(sizeof(Datum) * n);
-	Datum *p = palloc(sizeof(Datum) * n);
-	Datum *l = palloc(sizeof(Datum) * n);
-	Datum *h = palloc(sizeof(Datum) * n);
-	Datum values[5];
-	int rc;
-	int i;
-
-	inbox_prepare_plans();
-	for (i = 0; i < n; i++)
-	{
-		t[i] = CStringGetTextDatum(topics[i]);
-		p[i] = Int32GetDatum(partitions[i]);
-		l[i] = Int64GetDatum(lows[i]);
-		h[i] = Int64GetDatum(highs[i]);
-	}
-	values[0] = CStringGetTextDatum(consumer);
-	values[1] = PointerGetDatum(construct_array(t, n, TEXTOID, -1, false, TYPALIGN_INT));
-	values[2] = PointerGetDatum(construct_array(p, n, INT4OID, 4, true, TYPALIGN_INT));
-	values[3] = PointerGetDatum(construct_array(l, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	values[4] = PointerGetDatum(construct_array(h, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	rc = SPI_execute_plan(watermark_plan, values, NULL, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "obx could not record consumer watermarks: %s",
 			 SPI_result_code_string(rc));
 	obx_step_end(caller);
 }

@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * inbox.h
- *	  The consumer worker's statements (inbox.c): the subscriptions it
- *	  serves, and one transaction per Kafka message that dedupes it, calls
- *	  its handler and records progress, or makes it a dead letter.
+ *	  The consumer worker's statements on messages (inbox.c): one
+ *	  transaction per batch of Kafka messages, each in a
+ *	  subtransaction that dedupes it and calls its handler or makes it a
+ *	  dead letter, with one progress row per partition.
  *
  *-------------------------------------------------------------------------
  */
@@ -58,18 +59,20 @@ typedef struct ObxInbound
 
 typedef enum ObxInboxResult
 {
-	OBX_INBOX_PROCESSED,   /* handler ran and committed */
+	OBX_INBOX_PROCESSED,   /* handler ran */
 	OBX_INBOX_DUPLICATE,   /* already processed: handler not called */
 	OBX_INBOX_DEAD_LETTER, /* malformed or handler error: quarantined */
 	OBX_INBOX_RETRY        /* transient: rolled back, offset must not move */
 } ObxInboxResult;
 
+/* A batch: one transaction, each message in a subtransaction of its own. */
+extern bool obx_inbox_batch_begin(const ObxSubscription *sub,
+								  char *errbuf, size_t errlen);
+extern ObxInboxResult obx_inbox_apply(const ObxInbound *msg,
+									  char *errbuf, size_t errlen);
+extern bool obx_inbox_batch_commit(char *errbuf, size_t errlen);
+
 /* Each call is one transaction of its own. */
-extern ObxSubscription *obx_inbox_subscriptions(int *count);
-extern ObxInboxResult obx_inbox_handle(const ObxInbound *msg,
-									   char *errbuf, size_t errlen);
 extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
-extern void obx_inbox_watermarks(const char *consumer, int n, char **topics,
-								 int32 *partitions, int64 *lows, int64 *highs);
 
 #endif /* OBX_INBOX_H */

@@ -311,6 +311,27 @@ define_gucs(void)
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("obx.consumer_batch_size",
+							"Most Kafka messages a consumer worker applies in "
+							"one transaction.",
+							"Each message runs in a subtransaction of its own; "
+							"1 gives one transaction per message.",
+							&obx_consumer_batch_size,
+							500, 1, 10000,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.consumer_batch_time",
+							"Longest a consumer worker spends gathering the "
+							"ready messages of one transaction.",
+							"Only messages already fetched are gathered: no "
+							"transaction is open meanwhile, and the worker "
+							"never waits on the network for a batch to fill.",
+							&obx_consumer_batch_time_ms,
+							5, 1, 10000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("obx");
 }
 

@@ -22,10 +22,12 @@
  *	  status.c	worker status in shared memory and its SQL view; whether a
  *				relay serves this database
  *	  latency.c	publish latency histogram per topic in shared memory
- *	  consumer.c	the consumer worker's loop: messages, held partitions,
+ *	  consumer.c	the consumer worker's loop: batches, held partitions,
  *				offsets
- *	  consumer_group.c	its Kafka consumers, one per subscription
- *	  inbox.c	one transaction per message: dedupe, handler, dead letter
+ *	  consumer_group.c	its Kafka consumers, one per subscription, as
+ *				obx.subscriptions says; their watermarks
+ *	  inbox.c	one transaction per batch of messages, a subtransaction
+ *				per message: dedupe, handler, dead letter
  *	  inbound.c	a Kafka message made into the event a handler gets
  *	  handler.c	every handler call, as the subscription's owner
  *	  consumer_sql.c	subscribe, unsubscribe, mark_processed: who calls
@@ -73,6 +75,8 @@ extern int obx_shutdown_timeout_ms;
 extern int obx_consumer_workers;
 extern char *obx_consumer_database;
 extern bool obx_warn_without_relay;
+extern int obx_consumer_batch_size;
+extern int obx_consumer_batch_time_ms;
 
 /*
  * What a relay worker is doing, as shown by obx.workers.
