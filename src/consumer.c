@@ -119,7 +119,7 @@ typedef struct Batch
 	BatchPart *parts;
 } Batch;
 
-int obx_consumer_batch_size = 500;
+int obx_consumer_batch_size = 50;
 int obx_consumer_batch_time_ms = 5;
 
 static HeldPartition *

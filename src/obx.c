@@ -317,7 +317,7 @@ define_gucs(void)
 							"Each message runs in a subtransaction of its own; "
 							"1 gives one transaction per message.",
 							&obx_consumer_batch_size,
-							500, 1, 10000,
+							50, 1, 10000,
 							PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
 
