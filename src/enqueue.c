@@ -23,6 +23,7 @@
 #include "utils/uuid.h"
 
 #include "obx.h"
+#include "trace.h"
 #include "turns.h"
 #include "worker.h"
 
@@ -444,6 +445,8 @@ read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev)
 		ev->headers = PG_GETARG_JSONB_P(5);
 		check_headers(ev->headers, payload_len);
 	}
+	/* W3C trace context: from the headers, else obx.traceparent. */
+	ev->headers = obx_trace_headers(ev->headers);
 	if (PG_ARGISNULL(6))
 	{
 		ev->id = palloc(sizeof(pg_uuid_t));

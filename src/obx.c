@@ -52,6 +52,10 @@ bool obx_quarantine_blocks_key = true;
 int obx_shutdown_timeout_ms = 5000;
 int obx_consumer_workers = 1;
 char *obx_consumer_database = NULL;
+char *obx_traceparent = NULL;
+char *obx_tracestate = NULL;
+bool obx_cloudevents = false;
+char *obx_cloudevents_source = NULL;
 
 ObxShared *obx_shared = NULL;
 
@@ -297,6 +301,42 @@ define_gucs(void)
 							5000, 0, 600000,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("obx.traceparent",
+							   "W3C traceparent that obx.enqueue stores with the "
+							   "events of this session or transaction.",
+							   "Set it with SET LOCAL; a traceparent in the event's "
+							   "headers wins over it.",
+							   &obx_traceparent,
+							   "",
+							   PGC_USERSET, 0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("obx.tracestate",
+							   "W3C tracestate that goes with obx.traceparent.",
+							   NULL,
+							   &obx_tracestate,
+							   "",
+							   PGC_USERSET, 0,
+							   NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("obx.cloudevents",
+							 "Whether the relay adds CloudEvents binary-mode "
+							 "headers (ce_*) to every record.",
+							 NULL,
+							 &obx_cloudevents,
+							 false,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomStringVariable("obx.cloudevents_source",
+							   "The CloudEvents source (ce_source) of the "
+							   "events this server publishes.",
+							   NULL,
+							   &obx_cloudevents_source,
+							   "/obx",
+							   PGC_SIGHUP, 0,
+							   NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("obx");
 }

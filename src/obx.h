@@ -27,6 +27,8 @@
  *	  inbound.c	a Kafka message made into the event a handler gets
  *	  handler.c	every handler call, as the subscription's owner
  *	  consumer_sql.c	subscribe, unsubscribe, mark_processed: who calls
+ *	  trace.c	W3C trace context merged into an enqueued event's headers
+ *	  cloudevents.c	CloudEvents binary-mode headers of a produced record
  *
  *-------------------------------------------------------------------------
  */
@@ -70,6 +72,10 @@ extern bool obx_quarantine_blocks_key;
 extern int obx_shutdown_timeout_ms;
 extern int obx_consumer_workers;
 extern char *obx_consumer_database;
+extern char *obx_traceparent;
+extern char *obx_tracestate;
+extern bool obx_cloudevents;
+extern char *obx_cloudevents_source;
 
 /*
  * What a relay worker is doing, as shown by obx.workers.
