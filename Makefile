@@ -19,7 +19,7 @@ SHLIB_LINK = -lrdkafka
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -Wall -Wmissing-prototypes -Werror
 
-REGRESS = enqueue mark_processed operations privileges consumer security trace
+REGRESS = enqueue mark_processed operations privileges consumer security trace tombstone
 REGRESS_OPTS = --inputdir=test --outputdir=test/results \
 	--temp-instance=test/tmp_check --temp-config=test/regress.conf
 

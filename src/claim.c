@@ -208,16 +208,25 @@ copy_headers(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
 
 /*
  * The payload as payload::text gives it, in the current memory context;
- * the detoasted copy of the stored jsonb is freed at once.
+ * the detoasted copy of the stored jsonb is freed at once.  NULL for a
+ * tombstone.
  */
 static void
 copy_payload(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
 {
 	bool isnull;
 	Datum stored = SPI_getbinval(tup, desc, col, &isnull);
-	Jsonb *payload = DatumGetJsonbP(stored);
+	Jsonb *payload;
 	StringInfoData text;
 
+	if (isnull)
+	{
+		/* A tombstone: produced with a null value. */
+		ev->payload = NULL;
+		ev->payload_len = 0;
+		return;
+	}
+	payload = DatumGetJsonbP(stored);
 	initStringInfo(&text);
 	(void) JsonbToCString(&text, &payload->root, VARSIZE(payload));
 	if ((Pointer) payload != DatumGetPointer(stored))

@@ -44,6 +44,7 @@ typedef struct EnqueueEvent
 
 PG_FUNCTION_INFO_V1(obx_enqueue);
 PG_FUNCTION_INFO_V1(obx_wake);
+PG_FUNCTION_INFO_V1(obx_enqueue_tombstone);
 
 static SPIPlanPtr insert_plan = NULL;
 static SPIPlanPtr existing_plan = NULL;
@@ -291,7 +292,7 @@ enqueue_prepare_plans(void)
 			7, insert_types);
 	if (existing_plan == NULL)
 		existing_plan = obx_prepare_kept(
-			"SELECT topic, event_key, payload::pg_catalog.text, "
+			"SELECT topic, event_key, coalesce(payload::pg_catalog.text, ''), "
 			"coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
 			"aggregate_id "
 			"FROM obx.outbox_events WHERE id OPERATOR(pg_catalog.=) $1",
@@ -333,7 +334,7 @@ check_existing(Datum id, const char *topic, const char *key, const char *aggrega
 
 	tup = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
-	payload_text = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
+	payload_text = payload ? JsonbToCString(NULL, &payload->root, VARSIZE(payload)) : "";
 	headers_text = headers ? JsonbToCString(NULL, &headers->root, VARSIZE(headers)) : "";
 	if (!same_text(tup, desc, 1, topic) ||
 		!same_text(tup, desc, 2, key) ||
@@ -402,25 +403,27 @@ check_payload(Jsonb *payload)
 
 /*
  * Read obx.enqueue's arguments into ev and check them: first that topic,
- * key and payload are given, then each argument in turn.  The id is
- * generated when none is given.
+ * key and payload are given (a tombstone has no payload), then each
+ * argument in turn.  The id is generated when none is given.
  */
 static void
-read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev)
+read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev, bool tombstone)
 {
-	size_t payload_len;
+	size_t payload_len = 0;
 
 	memset(ev, 0, sizeof(EnqueueEvent));
 	ev->topic = text_to_cstring(required_text(fcinfo, 0, "topic"));
 	ev->key = text_to_cstring(required_text(fcinfo, 1, "key"));
-	if (PG_ARGISNULL(2))
+	if (PG_ARGISNULL(2) && !tombstone)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("obx event payload must not be null")));
-	ev->payload = PG_GETARG_JSONB_P(2);
+				 errmsg("obx event payload must not be null"),
+				 errhint("To delete the key from a compacted topic, use obx.enqueue_tombstone.")));
+	ev->payload = tombstone ? NULL : PG_GETARG_JSONB_P(2);
 	check_topic(ev->topic);
 	check_key(ev->key);
-	payload_len = check_payload(ev->payload);
+	if (!tombstone)
+		payload_len = check_payload(ev->payload);
 
 	if (!PG_ARGISNULL(3))
 	{
@@ -477,7 +480,8 @@ insert_event(const EnqueueEvent *ev)
 	nulls[4] = ev->event_type ? ' ' : 'n';
 	values[5] = ev->headers ? JsonbPGetDatum(ev->headers) : (Datum) 0;
 	nulls[5] = ev->headers ? ' ' : 'n';
-	values[6] = JsonbPGetDatum(ev->payload);
+	values[6] = ev->payload ? JsonbPGetDatum(ev->payload) : (Datum) 0;
+	nulls[6] = ev->payload ? ' ' : 'n';
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "obx could not connect to SPI");
@@ -506,7 +510,36 @@ obx_enqueue(PG_FUNCTION_ARGS)
 {
 	EnqueueEvent ev;
 
-	read_event(fcinfo, &ev);
+	read_event(fcinfo, &ev, false);
+	if (insert_event(&ev))
+		wake_workers_at_commit();
+	PG_RETURN_UUID_P(ev.id);
+}
+
+/*
+ * obx.enqueue_tombstone(topic, event_key, aggregate_id, event_type,
+ *						 headers, event_id) returns uuid
+ *
+ * obx.enqueue without a payload: the relay publishes the key with a null
+ * value (a tombstone, which deletes the key from a compacted topic), in
+ * seq order with the key's other events.  Its arguments are obx.enqueue's
+ * with the payload left out.
+ */
+Datum
+obx_enqueue_tombstone(PG_FUNCTION_ARGS)
+{
+	LOCAL_FCINFO(args, 7);
+	EnqueueEvent ev;
+	int i;
+
+	InitFunctionCallInfoData(*args, fcinfo->flinfo, 7, fcinfo->fncollation,
+							 NULL, NULL);
+	for (i = 0; i < 7; i++)
+	{
+		args->args[i].value = i == 2 ? (Datum) 0 : fcinfo->args[i < 2 ? i : i - 1].value;
+		args->args[i].isnull = i == 2 || fcinfo->args[i < 2 ? i : i - 1].isnull;
+	}
+	read_event(args, &ev, true);
 	if (insert_event(&ev))
 		wake_workers_at_commit();
 	PG_RETURN_UUID_P(ev.id);
