@@ -10,7 +10,7 @@ MODULE_big = obx
 OBJS = src/obx.o src/worker.o src/turns.o src/enqueue.o src/claim.o src/outbox.o \
 	src/housekeeping.o src/kafka.o src/kafka_conf.o src/relay.o src/status.o \
 	src/consumer.o src/consumer_group.o src/inbox.o src/inbound.o src/handler.o \
-	src/consumer_sql.o src/trace.o
+	src/consumer_sql.o src/trace.o src/cloudevents.o
 EXTENSION = obx
 DATA = obx--1.0.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"

@@ -108,7 +108,7 @@ static const char *claim_sql =
 	"       CASE WHEN e.headers IS NOT NULL THEN"
 	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
 	"            FROM pg_catalog.jsonb_each_text(e.headers) AS h) END AS headers,"
-	"       e.xmin"
+	"       e.xmin, e.occurred_at"
 	"  FROM obx.outbox_events e"
 	" WHERE e.published_at IS NULL"
 	"   AND e.quarantined_at IS NULL"
@@ -266,6 +266,7 @@ claim_copy_event(ObxEvent *ev, HeapTuple tup, TupleDesc desc,
 	ev->event_type = copy_value(tup, desc, 6);
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull)) + 1;
 	copy_headers(ev, tup, desc, 8);
+	ev->occurred_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
 	ev->outcome = OBX_OUTCOME_UNSENT;
 	MemoryContextSwitchTo(step_cxt);
 

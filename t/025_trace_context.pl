@@ -12,7 +12,8 @@
 #  3. With obx.cloudevents = on the relay adds the CloudEvents binary-mode
 #     headers: ce_specversion 1.0, ce_id = the event id, ce_type = the
 #     event type, ce_source = obx.cloudevents_source, ce_time = occurred_at
-#     in RFC 3339, content-type application/json.
+#     in RFC 3339, content-type application/json (none for a tombstone); an
+#     event without a type gets the topic as ce_type.
 use strict;
 use warnings;
 
@@ -77,5 +78,32 @@ is(q1("SELECT headers->>'traceparent' FROM shop.effects WHERE event_id = '$b'"),
 	$tp2, 'the handler gets the traceparent of the headers argument');
 is(q1("SELECT count(*) FROM shop.effects WHERE event_id = '$c' AND headers ? 'traceparent'"),
 	'0', 'and none for the event without trace context');
+
+ok(!grep({ exists $_->{headers}{ce_id} } @$msgs), 'obx.cloudevents off: no CloudEvents headers');
+
+############################################################################
+# 3. CloudEvents binary mode.
+############################################################################
+$node->append_conf('postgresql.conf',
+	"obx.cloudevents = on\nobx.cloudevents_source = '//shop.example/orders'\n");
+$node->restart;
+relay_ready($node, 1);
+my ($typed, $untyped, $tomb) = split /\n/, q1(qq{
+	SELECT obx.enqueue('$topic', 'ord-2', '{"n": 4}', event_type => 'OrderPlaced');
+	SELECT obx.enqueue('$topic', 'ord-2', '{"n": 5}');
+	SELECT obx.enqueue_tombstone('$topic', 'ord-2', event_type => 'OrderDeleted');});
+$msgs = wait_for_broker($mock, $topic,
+	sub { my %ids = map { $_->{event_id} => 1 } @{ $_[0] }; $ids{$typed} && $ids{$untyped} && $ids{$tomb} },
+	'the CloudEvents events at the broker');
+%by_id = map { $_->{event_id} => $_ } @$msgs;
+my $h = $by_id{$typed}{headers};
+my $time = q1(qq{SELECT to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+				   FROM obx.outbox_events WHERE id = '$typed'});
+is_deeply([ @$h{qw(ce_specversion ce_id ce_type ce_source ce_time content-type)} ],
+	[ '1.0', $typed, 'OrderPlaced', '//shop.example/orders', $time, 'application/json' ],
+	'ce_specversion, ce_id (event id), ce_type (event type), ce_source, ce_time (occurred_at, RFC 3339), content-type');
+is($by_id{$untyped}{headers}{ce_type}, $topic, 'an event without a type: ce_type is the topic');
+is($by_id{$tomb}{headers}{ce_id}, $tomb, 'a tombstone carries the CloudEvents headers');
+ok(!exists $by_id{$tomb}{headers}{'content-type'}, 'but no content-type: it has no value');
 
 done_testing();
