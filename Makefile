@@ -10,7 +10,7 @@ MODULE_big = obx
 OBJS = src/obx.o src/worker.o src/turns.o src/enqueue.o src/claim.o src/outbox.o \
 	src/housekeeping.o src/kafka.o src/kafka_conf.o src/relay.o src/status.o src/latency.o \
 	src/consumer.o src/consumer_group.o src/inbox.o src/inbound.o src/handler.o \
-	src/consumer_sql.o
+	src/consumer_sql.o src/trace.o src/cloudevents.o
 EXTENSION = obx
 DATA = obx--1.0.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"
@@ -19,7 +19,8 @@ SHLIB_LINK = -lrdkafka
 PG_CPPFLAGS = -I$(srcdir)/src
 PG_CFLAGS = -Wall -Wmissing-prototypes -Werror
 
-REGRESS = enqueue enqueue_many mark_processed operations privileges consumer security relay_served
+REGRESS = enqueue enqueue_many mark_processed operations privileges consumer security relay_served \
+	trace tombstone
 REGRESS_OPTS = --inputdir=test --outputdir=test/results \
 	--temp-instance=test/tmp_check --temp-config=test/regress.conf
 

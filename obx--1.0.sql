@@ -36,7 +36,7 @@ CREATE TABLE obx.outbox_events (
 	event_key			text		NOT NULL,
 	event_type			text,
 	headers				jsonb,
-	payload				jsonb		NOT NULL,
+	payload				jsonb,		/* NULL: a tombstone (obx.enqueue_tombstone) */
 	occurred_at			timestamptz NOT NULL DEFAULT clock_timestamp(),
 	published_at		timestamptz,
 	attempts			integer		NOT NULL DEFAULT 0,
@@ -258,6 +258,23 @@ CREATE FUNCTION obx.enqueue_many(
 	event_ids uuid[] DEFAULT NULL)
 RETURNS uuid[]
 AS 'MODULE_PATHNAME', 'obx_enqueue_many'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+/*
+ * A tombstone: the key with a null value, for compacted topics.  Stored
+ * as an event whose payload is NULL, so it keeps its place (seq) among
+ * the key's events.  Only this function stores a NULL payload.
+ */
+CREATE FUNCTION obx.enqueue_tombstone(
+	topic text,
+	event_key text,
+	aggregate_id text DEFAULT NULL,
+	event_type text DEFAULT NULL,
+	headers jsonb DEFAULT NULL,
+	event_id uuid DEFAULT NULL)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'obx_enqueue_tombstone'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
@@ -817,7 +834,8 @@ BEGIN
 				RAISE EXCEPTION 'no obx subscription "%"', d.consumer_name
 					USING ERRCODE = 'undefined_object';
 			END IF;
-			IF d.event_id IS NULL OR d.payload IS NULL THEN
+			/* A tombstone (no payload, no raw value) is replayed as one. */
+			IF d.event_id IS NULL OR (d.payload IS NULL AND d.raw_payload IS NOT NULL) THEN
 				RAISE EXCEPTION 'dead letter % has no %', d.id,
 					CASE WHEN d.event_id IS NULL THEN 'event id' ELSE 'JSON payload' END
 					USING ERRCODE = 'invalid_parameter_value',
@@ -1032,6 +1050,10 @@ COMMENT ON FUNCTION obx.enqueue(text, text, jsonb, text, text, jsonb, uuid) IS
 	'Store an event in the outbox inside the current transaction; returns its id';
 COMMENT ON FUNCTION obx.enqueue_many(text, text[], jsonb[], text[], text[], jsonb[], uuid[]) IS
 	'Store many events of one topic in the outbox inside the current transaction, in array order; returns their ids';
+COMMENT ON FUNCTION obx.enqueue_tombstone(text, text, text, text, jsonb, uuid) IS
+	'Store a tombstone (the key with a null value) in the outbox inside the current transaction; returns its id';
+COMMENT ON COLUMN obx.outbox_events.payload IS
+	'The message value; NULL for a tombstone (obx.enqueue_tombstone), published as a null value';
 COMMENT ON FUNCTION obx.retry(uuid) IS
 	'Make a quarantined or backing-off event publishable now; false if it is neither';
 COMMENT ON FUNCTION obx.retry_quarantined(text) IS

@@ -108,7 +108,7 @@ static const char *claim_sql =
 	"       CASE WHEN e.headers IS NOT NULL THEN"
 	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
 	"            FROM pg_catalog.jsonb_each_text(e.headers) AS h) END AS headers,"
-	"       e.xmin"
+	"       e.xmin, e.occurred_at"
 	"  FROM obx.outbox_events e"
 	" WHERE e.published_at IS NULL"
 	"   AND e.quarantined_at IS NULL"
@@ -208,16 +208,25 @@ copy_headers(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
 
 /*
  * The payload as payload::text gives it, in the current memory context;
- * the detoasted copy of the stored jsonb is freed at once.
+ * the detoasted copy of the stored jsonb is freed at once.  NULL for a
+ * tombstone.
  */
 static void
 copy_payload(ObxEvent *ev, HeapTuple tup, TupleDesc desc, int col)
 {
 	bool isnull;
 	Datum stored = SPI_getbinval(tup, desc, col, &isnull);
-	Jsonb *payload = DatumGetJsonbP(stored);
+	Jsonb *payload;
 	StringInfoData text;
 
+	if (isnull)
+	{
+		/* A tombstone: produced with a null value. */
+		ev->payload = NULL;
+		ev->payload_len = 0;
+		return;
+	}
+	payload = DatumGetJsonbP(stored);
 	initStringInfo(&text);
 	(void) JsonbToCString(&text, &payload->root, VARSIZE(payload));
 	if ((Pointer) payload != DatumGetPointer(stored))
@@ -257,6 +266,7 @@ claim_copy_event(ObxEvent *ev, HeapTuple tup, TupleDesc desc,
 	ev->event_type = copy_value(tup, desc, 6);
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull)) + 1;
 	copy_headers(ev, tup, desc, 8);
+	ev->occurred_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
 	ev->outcome = OBX_OUTCOME_UNSENT;
 	MemoryContextSwitchTo(step_cxt);
 

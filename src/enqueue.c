@@ -28,6 +28,7 @@
 
 #include "obx.h"
 #include "status.h"
+#include "trace.h"
 #include "turns.h"
 #include "worker.h"
 
@@ -53,6 +54,7 @@ typedef struct EnqueueEvent
 PG_FUNCTION_INFO_V1(obx_enqueue);
 PG_FUNCTION_INFO_V1(obx_enqueue_many);
 PG_FUNCTION_INFO_V1(obx_wake);
+PG_FUNCTION_INFO_V1(obx_enqueue_tombstone);
 
 static SPIPlanPtr insert_plan = NULL;     /* for ids given */
 static SPIPlanPtr insert_new_plan = NULL; /* for generated ids */
@@ -313,7 +315,7 @@ enqueue_prepare_plans(void)
 			7, insert_types);
 	if (existing_plan == NULL)
 		existing_plan = obx_prepare_kept(
-			"SELECT topic, event_key, payload::pg_catalog.text, "
+			"SELECT topic, event_key, coalesce(payload::pg_catalog.text, ''), "
 			"coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
 			"aggregate_id "
 			"FROM obx.outbox_events WHERE id OPERATOR(pg_catalog.=) $1",
@@ -355,7 +357,7 @@ check_existing(Datum id, const char *topic, const char *key, const char *aggrega
 
 	tup = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
-	payload_text = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
+	payload_text = payload ? JsonbToCString(NULL, &payload->root, VARSIZE(payload)) : "";
 	headers_text = headers ? JsonbToCString(NULL, &headers->root, VARSIZE(headers)) : "";
 	if (!same_text(tup, desc, 1, topic) ||
 		!same_text(tup, desc, 2, key) ||
@@ -424,8 +426,9 @@ check_payload(Jsonb *payload)
 
 /*
  * check_event
- *		Check an event's key, payload, aggregate id, event type and headers,
- *		in that order (the topic is checked by the caller).
+ *		Check an event's key, payload (none for a tombstone), aggregate id,
+ *		event type and headers, in that order (the topic is checked by the
+ *		caller).
  */
 static void
 check_event(const EnqueueEvent *ev)
@@ -433,7 +436,7 @@ check_event(const EnqueueEvent *ev)
 	size_t payload_len;
 
 	check_key(ev->key);
-	payload_len = check_payload(ev->payload);
+	payload_len = ev->payload ? check_payload(ev->payload) : 0;
 	if (ev->aggregate_id && ev->aggregate_id[0] == '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -450,20 +453,22 @@ check_event(const EnqueueEvent *ev)
 
 /*
  * Read obx.enqueue's arguments into ev and check them: first that topic,
- * key and payload are given, then the topic, then the rest (check_event).
- * The id is generated when none is given.
+ * key and payload are given (a tombstone has no payload), then the topic,
+ * then the rest (check_event); then the trace context goes into the
+ * headers (obx_trace_headers).  The id is generated when none is given.
  */
 static void
-read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev)
+read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev, bool tombstone)
 {
 	memset(ev, 0, sizeof(EnqueueEvent));
 	ev->topic = text_to_cstring(required_text(fcinfo, 0, "topic"));
 	ev->key = text_to_cstring(required_text(fcinfo, 1, "key"));
-	if (PG_ARGISNULL(2))
+	if (PG_ARGISNULL(2) && !tombstone)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("obx event payload must not be null")));
-	ev->payload = PG_GETARG_JSONB_P(2);
+				 errmsg("obx event payload must not be null"),
+				 errhint("To delete the key from a compacted topic, use obx.enqueue_tombstone.")));
+	ev->payload = tombstone ? NULL : PG_GETARG_JSONB_P(2);
 	if (!PG_ARGISNULL(3))
 		ev->aggregate_id = text_to_cstring(PG_GETARG_TEXT_PP(3));
 	if (!PG_ARGISNULL(4))
@@ -472,6 +477,7 @@ read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev)
 		ev->headers = PG_GETARG_JSONB_P(5);
 	check_topic(ev->topic);
 	check_event(ev);
+	ev->headers = obx_trace_headers(ev->headers);
 	if (PG_ARGISNULL(6))
 	{
 		ev->id = palloc(sizeof(pg_uuid_t));
@@ -505,7 +511,8 @@ insert_event(const EnqueueEvent *ev)
 	nulls[4] = ev->event_type ? ' ' : 'n';
 	values[5] = ev->headers ? JsonbPGetDatum(ev->headers) : (Datum) 0;
 	nulls[5] = ev->headers ? ' ' : 'n';
-	values[6] = JsonbPGetDatum(ev->payload);
+	values[6] = ev->payload ? JsonbPGetDatum(ev->payload) : (Datum) 0;
+	nulls[6] = ev->payload ? ' ' : 'n';
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "obx could not connect to SPI");
@@ -536,7 +543,37 @@ obx_enqueue(PG_FUNCTION_ARGS)
 	EnqueueEvent ev;
 
 	obx_warn_if_unserved();
-	read_event(fcinfo, &ev);
+	read_event(fcinfo, &ev, false);
+	if (insert_event(&ev))
+		wake_workers_at_commit();
+	PG_RETURN_UUID_P(ev.id);
+}
+
+/*
+ * obx.enqueue_tombstone(topic, event_key, aggregate_id, event_type,
+ *						 headers, event_id) returns uuid
+ *
+ * obx.enqueue without a payload: the relay publishes the key with a null
+ * value (a tombstone, which deletes the key from a compacted topic), in
+ * seq order with the key's other events.  Its arguments are obx.enqueue's
+ * with the payload left out.
+ */
+Datum
+obx_enqueue_tombstone(PG_FUNCTION_ARGS)
+{
+	LOCAL_FCINFO(args, 7);
+	EnqueueEvent ev;
+	int i;
+
+	obx_warn_if_unserved();
+	InitFunctionCallInfoData(*args, fcinfo->flinfo, 7, fcinfo->fncollation,
+							 NULL, NULL);
+	for (i = 0; i < 7; i++)
+	{
+		args->args[i].value = i == 2 ? (Datum) 0 : fcinfo->args[i < 2 ? i : i - 1].value;
+		args->args[i].isnull = i == 2 || fcinfo->args[i < 2 ? i : i - 1].isnull;
+	}
+	read_event(args, &ev, true);
 	if (insert_event(&ev))
 		wake_workers_at_commit();
 	PG_RETURN_UUID_P(ev.id);
@@ -633,9 +670,11 @@ many_text(const ManyArrays *arrays, int a, int i)
  *		checks its arguments.  A NULL element of an optional array means
  *		what a NULL argument of obx.enqueue means.
  */
-static void
+static bool
 check_many_element(const ManyArrays *arrays, int i, EnqueueEvent *ev)
 {
+	Jsonb *given;
+
 	if (arrays->nulls[0][i])
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -650,6 +689,9 @@ check_many_element(const ManyArrays *arrays, int i, EnqueueEvent *ev)
 	ev->event_type = many_text(arrays, 3, i);
 	ev->headers = (arrays->values[4] == NULL || arrays->nulls[4][i]) ? NULL : DatumGetJsonbP(arrays->values[4][i]);
 	check_event(ev);
+	given = ev->headers;
+	ev->headers = obx_trace_headers(given);
+	return ev->headers != given;
 }
 
 static int
@@ -687,7 +729,7 @@ check_many_conflicts(const ManyArrays *arrays, const char *topic,
 			continue;
 		many_element = i;
 		memset(&ev, 0, sizeof(ev));
-		check_many_element(arrays, i, &ev);
+		(void) check_many_element(arrays, i, &ev);
 		check_existing(UUIDPGetDatum(&ids[i]), topic, ev.key,
 					   ev.aggregate_id ? ev.aggregate_id : ev.key,
 					   ev.payload, ev.event_type, ev.headers);
@@ -698,12 +740,19 @@ check_many_conflicts(const ManyArrays *arrays, const char *topic,
 /*
  * check_many
  *		Check every element in array order; returns the event ids, those
- *		not given generated.
+ *		not given generated.  When the trace context (obx_trace_headers)
+ *		changed an element's headers, *headers is the headers array to
+ *		insert instead of the one given; else it is left alone.
  */
 static pg_uuid_t *
-check_many(const ManyArrays *arrays)
+check_many(const ManyArrays *arrays, Datum *headers)
 {
 	pg_uuid_t *ids = palloc(sizeof(pg_uuid_t) * arrays->n);
+	Datum *elems = palloc(sizeof(Datum) * arrays->n);
+	bool *nulls = palloc(sizeof(bool) * arrays->n);
+	bool traced = false;
+	int dims[1] = {arrays->n};
+	int lbs[1] = {1};
 	int i;
 
 	for (i = 0; i < arrays->n; i++)
@@ -712,13 +761,18 @@ check_many(const ManyArrays *arrays)
 
 		many_element = i;
 		memset(&ev, 0, sizeof(ev));
-		check_many_element(arrays, i, &ev);
+		traced |= check_many_element(arrays, i, &ev);
+		elems[i] = ev.headers ? JsonbPGetDatum(ev.headers) : (Datum) 0;
+		nulls[i] = ev.headers == NULL;
 		if (arrays->values[5] == NULL || arrays->nulls[5][i])
 			make_uuid_v7(&ids[i]);
 		else
 			memcpy(&ids[i], DatumGetUUIDP(arrays->values[5][i]), sizeof(pg_uuid_t));
 	}
 	many_element = -1;
+	if (traced)
+		*headers = PointerGetDatum(construct_md_array(elems, nulls, 1, dims, lbs,
+													  JSONBOID, -1, false, TYPALIGN_INT));
 	return ids;
 }
 
@@ -760,7 +814,7 @@ prepare_many_plans(void)
  */
 static uint64
 insert_many(FunctionCallInfo fcinfo, const ManyArrays *arrays, const char *topic,
-			ArrayType *id_array, pg_uuid_t *ids)
+			ArrayType *id_array, pg_uuid_t *ids, Datum headers)
 {
 	Datum values[7];
 	char nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
@@ -775,6 +829,12 @@ insert_many(FunctionCallInfo fcinfo, const ManyArrays *arrays, const char *topic
 	{
 		nulls[i + 2] = PG_ARGISNULL(i + 1) ? 'n' : ' ';
 		values[i + 2] = PG_ARGISNULL(i + 1) ? (Datum) 0 : PG_GETARG_DATUM(i + 1);
+	}
+	if (headers != (Datum) 0)
+	{
+		/* The headers with the trace context in them (check_many). */
+		values[6] = headers;
+		nulls[6] = ' ';
 	}
 
 	if (SPI_connect() != SPI_OK_CONNECT)
@@ -824,6 +884,7 @@ obx_enqueue_many(PG_FUNCTION_ARGS)
 	Datum *id_datums;
 	ArrayType *result;
 	uint64 inserted;
+	Datum headers = (Datum) 0;
 	int i;
 
 	obx_warn_if_unserved();
@@ -838,13 +899,13 @@ obx_enqueue_many(PG_FUNCTION_ARGS)
 	context.previous = error_context_stack;
 	error_context_stack = &context;
 
-	ids = check_many(&arrays);
+	ids = check_many(&arrays, &headers);
 	id_datums = palloc(sizeof(Datum) * arrays.n);
 	for (i = 0; i < arrays.n; i++)
 		id_datums[i] = UUIDPGetDatum(&ids[i]);
 	result = construct_array(id_datums, arrays.n, UUIDOID, UUID_LEN, false,
 							 TYPALIGN_CHAR);
-	inserted = insert_many(fcinfo, &arrays, topic, result, ids);
+	inserted = insert_many(fcinfo, &arrays, topic, result, ids, headers);
 
 	error_context_stack = context.previous;
 	if (inserted > 0)

@@ -3,9 +3,10 @@
  * inbound.c
  *	  A Kafka message made into an obx.inbound_event: the event id (header
  *	  event_id, else the payload's eventId or event_id), the event type,
- *	  the key and headers as text, and the payload as jsonb.  A message
- *	  without a valid event id or a JSON payload is malformed: the reason is
- *	  kept for its dead letter, and nothing here raises for bad input.
+ *	  the key and headers as text, and the payload as jsonb (NULL for a
+ *	  tombstone with an event_id header: a deletion).  A message without a
+ *	  valid event id or a JSON payload is malformed: the reason is kept for
+ *	  its dead letter, and nothing here raises for bad input.
  *
  *-------------------------------------------------------------------------
  */
@@ -174,10 +175,12 @@ obx_inbound_build(const ObxInbound *msg, ObxInboundEvent *ev)
 	if (ev->event_id != NULL && ev->event_id[0] == '\0')
 		ev->event_id = NULL;
 
-	if (msg->value == NULL)
+	if (msg->value == NULL && ev->event_id != NULL)
+		ev->tombstone = true; /* a deletion: the handler gets a NULL payload */
+	else if (msg->value == NULL)
 	{
 		ev->malformed = true;
-		ev->malformed_why = "message has no value (a tombstone)";
+		ev->malformed_why = "message has no value (a tombstone) and no event_id header";
 	}
 	else
 	{
@@ -192,7 +195,7 @@ obx_inbound_build(const ObxInbound *msg, ObxInboundEvent *ev)
 		else
 			ev->is_json = true;
 	}
-	if (!ev->malformed)
+	if (!ev->malformed && !ev->tombstone)
 	{
 		Jsonb *jb = DatumGetJsonbP(ev->payload);
 
@@ -251,6 +254,7 @@ obx_inbound_row(const ObxInbound *msg, const ObxInboundEvent *ev)
 	nulls[5] = (ev->key == NULL);
 	values[6] = ev->headers;
 	values[7] = ev->payload;
+	nulls[7] = ev->tombstone;
 	values[8] = TimestampTzGetDatum(msg->timestamp);
 	nulls[8] = (msg->timestamp == 0);
 	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));

@@ -23,9 +23,10 @@ typedef struct ObxInboundEvent
 	char *event_id; /* NULL when there is none */
 	char *event_type;
 	char *key;
-	Datum headers; /* jsonb */
-	Datum payload; /* jsonb, valid when is_json */
-	bool is_json;  /* the value parsed as JSON */
+	Datum headers;  /* jsonb */
+	Datum payload;  /* jsonb, valid when is_json */
+	bool is_json;   /* the value parsed as JSON */
+	bool tombstone; /* no value, with an event_id header: a deletion */
 	bool malformed;
 	char *malformed_why;
 } ObxInboundEvent;

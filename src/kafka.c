@@ -33,6 +33,7 @@
 #include "status.h"
 #include "kafka.h"
 #include "kafka_conf.h"
+#include "cloudevents.h"
 
 struct ObxProducer
 {
@@ -444,6 +445,7 @@ obx_kafka_produce(ObxProducer *producer, ObxBatch *batch)
 		for (h = 0; h < ev->nheaders; h++)
 			rd_kafka_header_add(hdrs, ev->header_names[h], -1,
 								ev->header_values[h], -1);
+		obx_cloudevents_add(hdrs, ev);
 
 		for (;;)
 		{

@@ -55,6 +55,11 @@ int obx_consumer_workers = 1;
 char *obx_consumer_database = NULL;
 bool obx_warn_without_relay = true;
 
+char *obx_traceparent = NULL;
+char *obx_tracestate = NULL;
+bool obx_cloudevents = false;
+char *obx_cloudevents_source = NULL;
+
 ObxShared *obx_shared = NULL;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
@@ -331,6 +336,42 @@ define_gucs(void)
 							5, 1, 10000,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("obx.traceparent",
+							   "W3C traceparent that obx.enqueue stores with the "
+							   "events of this session or transaction.",
+							   "Set it with SET LOCAL; a traceparent in the event's "
+							   "headers wins over it.",
+							   &obx_traceparent,
+							   "",
+							   PGC_USERSET, 0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("obx.tracestate",
+							   "W3C tracestate that goes with obx.traceparent.",
+							   NULL,
+							   &obx_tracestate,
+							   "",
+							   PGC_USERSET, 0,
+							   NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("obx.cloudevents",
+							 "Whether the relay adds CloudEvents binary-mode "
+							 "headers (ce_*) to every record.",
+							 NULL,
+							 &obx_cloudevents,
+							 false,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomStringVariable("obx.cloudevents_source",
+							   "The CloudEvents source (ce_source) of the "
+							   "events this server publishes.",
+							   NULL,
+							   &obx_cloudevents_source,
+							   "/obx",
+							   PGC_SIGHUP, 0,
+							   NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("obx");
 }

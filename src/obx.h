@@ -31,6 +31,8 @@
  *	  inbound.c	a Kafka message made into the event a handler gets
  *	  handler.c	every handler call, as the subscription's owner
  *	  consumer_sql.c	subscribe, unsubscribe, mark_processed: who calls
+ *	  trace.c	W3C trace context merged into an enqueued event's headers
+ *	  cloudevents.c	CloudEvents binary-mode headers of a produced record
  *
  *-------------------------------------------------------------------------
  */
@@ -77,6 +79,10 @@ extern char *obx_consumer_database;
 extern bool obx_warn_without_relay;
 extern int obx_consumer_batch_size;
 extern int obx_consumer_batch_time_ms;
+extern char *obx_traceparent;
+extern char *obx_tracestate;
+extern bool obx_cloudevents;
+extern char *obx_cloudevents_source;
 
 /*
  * What a relay worker is doing, as shown by obx.workers.

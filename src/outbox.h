@@ -64,6 +64,7 @@ typedef struct ObxEvent
 	char **header_names;
 	char **header_values;
 	int attempts; /* including this one */
+	TimestampTz occurred_at;
 
 	struct ObxBatch *batch; /* the batch it belongs to, for its reports */
 	ObxOutcome outcome;

@@ -1,9 +1,10 @@
 # Consumer window: events that can never be handled as they are.  A
-# message that is not JSON, a tombstone, an empty value, JSON without any
-# event id (malformed), and an event whose handler fails with an error
-# that is not transient (a required field missing) are each dead-lettered
-# in obx.dead_letters with topic, partition, offset, consumer, error class
-# and message; the partition moves on (the messages after them are
+# message that is not JSON, an empty value, JSON without any event id
+# (malformed), and an event whose handler fails with an error that is not
+# transient (a required field missing; a tombstone, which reaches the
+# handler as a deletion with a NULL payload, refused by this handler) are
+# each dead-lettered in obx.dead_letters with topic, partition, offset,
+# consumer, error class and message; the partition moves on (the messages after them are
 # handled); the log names the first event of each error class (at most
 # one line a minute per class) and never shows the payload.  A
 # dead-lettered event delivered again is a duplicate, not a second dead
@@ -79,8 +80,8 @@ is(q1(qq{SELECT string_agg(kafka_partition || ':' || kafka_offset || ' ' || coal
 							 ORDER BY kafka_partition, kafka_offset)
 		   FROM obx.dead_letters WHERE consumer_name = '$consumer' AND topic = '$topic'}),
 	'0:1 evt-dl-bad1 sku-9 malformed, 0:2 - sku-7 malformed, 0:3 evt-dl-h1 sku-h1 handler, '
-	  . '0:4 evt-dl-tomb sku-tomb malformed, 0:5 evt-dl-empty sku-empty malformed',
-	'obx.dead_letters: the four malformed messages and the handler failure, where they were');
+	  . '0:4 evt-dl-tomb sku-tomb handler, 0:5 evt-dl-empty sku-empty malformed',
+	'obx.dead_letters: the three malformed messages and the two handler failures, where they were');
 is(q1(qq{SELECT payload IS NULL, convert_from(raw_payload, 'UTF8'), headers->>'event_id'
 		   FROM obx.dead_letters WHERE consumer_name = '$consumer' AND event_id = 'evt-dl-bad1'}),
 	't|SECRET card 4111 reserve sku-9|evt-dl-bad1',
@@ -234,7 +235,8 @@ is(q1("SELECT replayed_at IS NOT NULL FROM obx.dead_letters WHERE id = $h1"), 't
 	'the dead letter is marked replayed');
 
 # Malformed ones are repaired by hand first; the tombstone and the empty
-# message are not, and the handler refuses them again.
+# message are not, and the handler refuses them again (the tombstone is
+# replayed as a deletion, the empty message is refused before the handler).
 q1(qq{
 	UPDATE obx.dead_letters SET payload = '{"sku": "sku-9", "qty": 1}'
 	 WHERE consumer_name = '$consumer' AND event_id = 'evt-dl-bad1';

@@ -43,7 +43,7 @@ SELECT substr(:'id1', 15, 1) = '7' AS uuid_version_7,
 SELECT obx.enqueue(topic => 'orders.placed.v1', event_key => 'ord_782',
                    payload => '{"eventType": "OrderPaid", "orderId": "ord_782"}',
                    aggregate_id => 'order/782', event_type => 'OrderPaid',
-                   headers => '{"traceparent": "00-abc-def-01", "source": "shop"}')
+                   headers => '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "source": "shop"}')
        AS id2 \gset
 SELECT aggregate_id, event_key, event_type, headers
   FROM obx.outbox_events WHERE id = :'id2';
