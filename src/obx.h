@@ -18,7 +18,9 @@
  *	  kafka.c	the producer: everything librdkafka, no transaction calls
  *	  kafka_conf.c	from obx's settings to a librdkafka handle; who may set
  *				which property; the properties file
- *	  enqueue.c	SQL-callable enqueue and the commit wake-up
+ *	  enqueue.c	SQL-callable enqueue, enqueue_tombstone and the commit
+ *				wake-up; the checks enqueue_many shares (enqueue.h)
+ *	  enqueue_many.c	obx.enqueue_many: arrays of events in one statement
  *	  status.c	worker status in shared memory and its SQL view; whether a
  *				relay serves this database
  *	  latency.c	publish latency histogram per topic in shared memory

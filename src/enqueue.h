@@ -1,0 +1,41 @@
+/*-------------------------------------------------------------------------
+ *
+ * enqueue.h
+ *	  What enqueue.c shares with enqueue_many.c: an event as the caller
+ *	  gives it, and the checks, the insert's plans and the wake-up that
+ *	  obx.enqueue and obx.enqueue_many both use.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OBX_ENQUEUE_H
+#define OBX_ENQUEUE_H
+
+#include "fmgr.h"
+#include "utils/jsonb.h"
+#include "utils/uuid.h"
+
+/* An event as obx.enqueue's arguments give it. */
+typedef struct EnqueueEvent
+{
+	char *topic;
+	char *key;
+	Jsonb *payload;
+	char *aggregate_id; /* NULL: the key */
+	char *event_type;   /* NULL when not given */
+	Jsonb *headers;     /* NULL when not given */
+	pg_uuid_t *id;
+	bool id_given; /* false: generated, so new */
+} EnqueueEvent;
+
+extern text *obx_enqueue_required_text(FunctionCallInfo fcinfo, int argno,
+									   const char *what);
+extern void obx_enqueue_check_topic(const char *topic);
+extern void obx_enqueue_check_event(const EnqueueEvent *ev);
+extern void obx_enqueue_check_existing(Datum id, const char *topic, const char *key,
+									   const char *aggregate_id, Jsonb *payload,
+									   const char *event_type, Jsonb *headers);
+extern void obx_enqueue_make_id(pg_uuid_t *uuid);
+extern void obx_enqueue_prepare_plans(void);
+extern void obx_enqueue_wake_at_commit(void);
+
+#endif /* OBX_ENQUEUE_H */
