@@ -45,7 +45,8 @@ class Outbox
      * Stores one event in obx.outbox_events, in the connection's current
      * transaction, and returns its id (a uuid).  $id: reuse one to make a
      * retried business action idempotent.  $headers: extra Kafka headers,
-     * name => string.
+     * name => string; the current OpenTelemetry span's traceparent is added
+     * when there is one and $headers has none (TraceContext).
      *
      * @param array|\JsonSerializable $payload
      * @throws InvalidEvent before any SQL, for a payload or headers obx would refuse
@@ -54,7 +55,7 @@ class Outbox
                             ?string $id = null, array $headers = [], ?string $aggregateId = null): string
     {
         $json = Payload::encode($payload);
-        $headersJson = Payload::headers($headers);
+        $headersJson = Payload::headers(TraceContext::headers($headers));
 
         $row = $this->db()->selectOne(
             'select obx.enqueue(topic => ?, event_key => ?, payload => ?::jsonb,
@@ -93,7 +94,7 @@ class Outbox
                  event_types => pg_catalog.array_fill(?::text, array[?::int]),
                  headers => pg_catalog.array_fill(?::jsonb, array[?::int])))::text as ids',
             [$topic, json_encode(array_values($keys)), '[' . implode(',', $encoded) . ']',
-             $type, $n, Payload::headers($headers), $n]
+             $type, $n, Payload::headers(TraceContext::headers($headers)), $n]
         );
         return json_decode($row->ids, true) ?? [];
     }

@@ -79,6 +79,38 @@ class DatabaseTest extends TestCase
         $this->assertSame(1, $this->count_($kept));
     }
 
+    public function testTheCurrentOpenTelemetrySpanGoesWithTheEvent(): void
+    {
+        require_once __DIR__ . '/Fixtures/OpenTelemetry/Span.php';
+        $span = \OpenTelemetry\API\Trace\Span::class;
+        $context = \OpenTelemetry\API\Trace\SpanContext::class;
+        try {
+            $span::$current = null;     // no span: no header
+            $none = Obx::enqueue(self::TOPIC, 'ord_1', ['n' => 1]);
+            $span::$current = new $context('4bf92f3577b34da6a3ce929d0e0e4736', '00f067aa0ba902b7', true,
+                'congo=t61rcWkgMzE');
+            $traced = Obx::enqueue(self::TOPIC, 'ord_1', ['n' => 2], headers: ['x' => 'y']);
+            $mine = Obx::enqueue(self::TOPIC, 'ord_1', ['n' => 3], headers: [
+                'traceparent' => '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00']);
+            $many = Obx::enqueueMany(self::TOPIC, ['ord_2'], [['n' => 4]]);
+            $span::$current = new $context('0af7651916cd43dd8448eb211c80319c', 'b7ad6b7169203331', false);
+            $unsampled = Obx::enqueue(self::TOPIC, 'ord_1', ['n' => 5]);
+        } finally {
+            $span::$current = null;
+        }
+        $headers = fn (string $id) => DB::selectOne('select headers::text as h from obx.outbox_events where id = ?::uuid',
+            [$id])->h;
+        $this->assertNull($headers($none));
+        $this->assertSame('{"x": "y", "tracestate": "congo=t61rcWkgMzE", '
+            . '"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}', $headers($traced));
+        $this->assertSame('{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}',
+            $headers($mine), 'the caller\'s traceparent wins');
+        $this->assertSame('{"tracestate": "congo=t61rcWkgMzE", '
+            . '"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}', $headers($many[0]));
+        $this->assertSame('{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}',
+            $headers($unsampled));
+    }
+
     public function testARefusedPayloadRunsNoSql(): void
     {
         DB::enableQueryLog();
