@@ -54,10 +54,10 @@
 typedef struct Served
 {
 	bool in_use;
-	bool listed;		/* in the list as of this pass */
+	bool listed; /* in the list as of this pass */
 	char name[NAMEDATALEN];
-	Oid dboid;			/* as last found, or InvalidOid */
-	bool said_missing;	/* reported that it cannot be served */
+	Oid dboid;         /* as last found, or InvalidOid */
+	bool said_missing; /* reported that it cannot be served */
 	TimestampTz look_again_at;
 	BackgroundWorkerHandle *handles[OBX_MAX_WORKERS];
 	TimestampTz start_at[OBX_MAX_WORKERS];
@@ -66,7 +66,7 @@ typedef struct Served
 typedef struct Kind
 {
 	bool relay;
-	const char *name;	  /* "obx relay" */
+	const char *name;     /* "obx relay" */
 	const char *function; /* its entry point */
 	const char *setting;  /* the list it follows */
 	int per_db;
@@ -217,8 +217,7 @@ look_up(Kind *kind, Served *db)
 		db->said_missing = false;
 		return dboid;
 	}
-	report(kind, db, OidIsValid(dboid) ? "database does not accept connections"
-				 : "database does not exist",
+	report(kind, db, OidIsValid(dboid) ? "database does not accept connections" : "database does not exist",
 		   "It is looked up again every obx.poll_interval.");
 	db->said_missing = true;
 	return InvalidOid;
@@ -270,7 +269,7 @@ worker_running(Kind *kind, Served *db, int k)
 	pfree(db->handles[k]);
 	db->handles[k] = NULL;
 	db->start_at[k] = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), OBX_RESTART_MS);
-	db->look_again_at = 0;		/* dropped, perhaps: look before starting */
+	db->look_again_at = 0; /* dropped, perhaps: look before starting */
 	return false;
 }
 
@@ -369,7 +368,7 @@ launch_kind(Kind *kind)
 
 	for (i = 0; i < OBX_MAX_WORKERS; i++)
 		kind->dbs[i].listed = false;
-	foreach(lc, names)
+	foreach (lc, names)
 	{
 		const char *name = lfirst(lc);
 		Served *db = position++ < capacity ? entry_for(kind, name, capacity) : NULL;

@@ -195,10 +195,10 @@ typedef struct ObxShared
 	pg_atomic_uint32 async_committing;
 	pg_atomic_uint64 async_commit_end;
 
-	ObxDbTurns dbs[OBX_MAX_WORKERS];		  /* per served database */
-	ObxWorkerSlot workers[OBX_MAX_WORKERS];	  /* per relay worker */
+	ObxDbTurns dbs[OBX_MAX_WORKERS];          /* per served database */
+	ObxWorkerSlot workers[OBX_MAX_WORKERS];   /* per relay worker */
 	ObxHandlerSlot handlers[OBX_MAX_WORKERS]; /* per consumer worker */
-	int consumer_pids[OBX_MAX_WORKERS];		  /* per consumer worker */
+	int consumer_pids[OBX_MAX_WORKERS];       /* per consumer worker */
 } ObxShared;
 
 extern ObxShared *obx_shared;

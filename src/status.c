@@ -209,7 +209,7 @@ list_problem(const char *here, char **detail, char **hint)
 	int position = 0;
 	ListCell *lc;
 
-	foreach(lc, names)
+	foreach (lc, names)
 	{
 		if (strcmp((char *) lfirst(lc), here) != 0)
 		{
