@@ -26,7 +26,10 @@
  */
 #include "postgres.h"
 
+#include "access/heapam.h"
 #include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
@@ -39,7 +42,7 @@
 #include "storage/latch.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
-#include "utils/syscache.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/varlena.h"
 
@@ -196,21 +199,32 @@ report(Kind *kind, Served *db, const char *problem, const char *hint)
 static Oid
 look_up(Kind *kind, Served *db)
 {
-	Oid dboid;
+	Oid dboid = InvalidOid;
 	bool allowed = false;
+	Relation rel;
+	TableScanDesc scan;
 	HeapTuple tuple;
 
+	/*
+	 * A plain scan, as the logical replication launcher does: with no
+	 * database selected, the shared catalogs' indexes may not be usable yet.
+	 */
 	StartTransactionCommand();
-	dboid = get_database_oid(db->name, true);
-	if (OidIsValid(dboid))
+	(void) GetTransactionSnapshot();
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
 	{
-		tuple = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(dboid));
-		if (HeapTupleIsValid(tuple))
-		{
-			allowed = ((Form_pg_database) GETSTRUCT(tuple))->datallowconn;
-			ReleaseSysCache(tuple);
-		}
+		Form_pg_database form = (Form_pg_database) GETSTRUCT(tuple);
+
+		if (strcmp(NameStr(form->datname), db->name) != 0)
+			continue;
+		dboid = form->oid;
+		allowed = form->datallowconn;
+		break;
 	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
 	CommitTransactionCommand();
 	if (OidIsValid(dboid) && allowed)
 	{

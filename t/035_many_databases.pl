@@ -22,7 +22,7 @@ my $node = obx_node('many_dbs', $mock,
 	'obx.databases' => "'db_a, db_b'",
 	'obx.workers' => 2,
 	'obx.consumer_workers' => 1,
-	'max_worker_processes' => 10);
+	'max_worker_processes' => 11);
 
 # The databases come after the server: the launcher reports them missing
 # and looks again at the poll interval.
@@ -41,19 +41,7 @@ sub relays_idle
 ok(relays_idle('db_a', 2) && relays_idle('db_b', 2),
 	'two relay workers per listed database, idle');
 
-# Each database: a table its subscription writes, and a subscription on the
-# other database's topic, so an event crossing over would show up there.
 create_topic($mock, $_, 2) for qw(a.orders.v1 b.orders.v1 c.orders.v1);
-for my $db (qw(db_a db_b))
-{
-	my $other = $db eq 'db_a' ? 'b' : 'a';
-	$node->safe_psql($db, qq{
-		CREATE TABLE seen (event_id text, topic text);
-		CREATE FUNCTION public.note(e obx.inbound_event) RETURNS void
-		LANGUAGE sql AS \$\$ INSERT INTO public.seen VALUES (e.event_id, e.topic) \$\$;
-		SELECT obx.subscribe('${db}_reader', ARRAY['$other.orders.v1'],
-			'public.note(obx.inbound_event)', '{"kafka": {"session.timeout.ms": "6000"}}');});
-}
 
 # enqueue($db, $topic, $n): $n events over 5 keys; returns the ids.
 sub enqueue
@@ -97,12 +85,45 @@ sub published
 	return;
 }
 
+# Each database: a table its subscription writes, and a subscription on the
+# other database's topic, so an event crossing over would show up there.
+for my $db (qw(db_a db_b))
+{
+	my $other = $db eq 'db_a' ? 'b' : 'a';
+	$node->safe_psql($db, qq{
+		CREATE TABLE seen (event_id text, topic text);
+		CREATE FUNCTION public.note(e obx.inbound_event) RETURNS void
+		LANGUAGE sql AS \$\$ INSERT INTO public.seen VALUES (e.event_id, e.topic) \$\$;
+		SELECT obx.subscribe('${db}_reader', ARRAY['$other.orders.v1'],
+			'public.note(obx.inbound_event)', '{"start": "earliest", "kafka": {"session.timeout.ms": "6000"}}');});
+}
+
+
+ok(wait_until(sub { my $log = slurp_file($node->logfile);
+	$log =~ /joined consumer group "db_a_reader"/ && $log =~ /joined consumer group "db_b_reader"/ },
+	'both consumers joined'), "each database's consumer runs its subscription");
+
+# Publishing rests on the commit wake-up and the claim turns of each
+# database alone: with a poll interval of an hour, an event waits for a
+# poll only if a commit woke a relay of another database or counted as a
+# change there.  (The workers pick the setting up at their next wait.)
+$node->safe_psql('postgres', "ALTER SYSTEM SET obx.poll_interval = '1h'");
+$node->reload;
 my $a_ids = enqueue('db_a', 'a.orders.v1', 60);
 my $b_ids = enqueue('db_b', 'b.orders.v1', 40);
 published('db_a', 'a.orders.v1', $a_ids);
 published('db_b', 'b.orders.v1', $b_ids);
 is($node->safe_psql('db_a', 'SELECT count(*) FROM obx.outbox_events WHERE id IN ('
 	  . join(',', map { "'$_'" } @$b_ids) . ')'), '0', "no event of db_b is in db_a's outbox");
+for (1 .. 3)
+{
+	push @$b_ids, @{ enqueue('db_b', 'b.orders.v1', 5) };
+	published('db_b', 'b.orders.v1', $b_ids);
+	push @$a_ids, @{ enqueue('db_a', 'a.orders.v1', 5) };
+	published('db_a', 'a.orders.v1', $a_ids);
+}
+$node->safe_psql('postgres', 'ALTER SYSTEM RESET obx.poll_interval');
+$node->reload;
 
 # The subscriptions: each database's table holds exactly the other's events.
 for my $case ([ 'db_b', $a_ids, 'a.orders.v1' ], [ 'db_a', $b_ids, 'b.orders.v1' ])
@@ -156,8 +177,9 @@ like(slurp_file($node->logfile, $log_at),
 published('db_a', 'a.orders.v1', [ @$a_ids, @{ enqueue('db_a', 'a.orders.v1', 10) } ]);
 
 # More databases than worker slots (32 / obx.workers = 16): the ones past
-# the 16th are reported.  More workers than max_worker_processes (10: the
-# launcher, db_a's three, and two relays for each of d1 .. d4) too.
+# the 16th are reported.  More workers than max_worker_processes (11: the
+# logical replication launcher, obx's, db_a's three, and two relays for
+# each of d1 .. d4) too.
 $node->safe_psql('postgres', "CREATE DATABASE $_") for qw(d1 d2 d3 d4);
 $log_at = -s $node->logfile;
 $node->safe_psql('postgres', 'ALTER SYSTEM SET obx.databases = '
