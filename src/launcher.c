@@ -165,12 +165,17 @@ relay_slot_set(int i, const char *database, const char *problem)
 	SpinLockRelease(&slot->mutex);
 }
 
-/* Whether worker slot i of this kind is run by a process nobody handed us. */
+/*
+ * Whether worker slot i of this kind is run by a process the launcher has
+ * no handle of: one a previous run of the launcher started.  A relay
+ * slot's worker counts only while the slot still names db.
+ */
 static bool
-slot_alive(Kind *kind, int i)
+slot_alive(Kind *kind, Served *db, int i)
 {
 	if (kind->relay)
-		return obx_shared->workers[i].pid != 0;
+		return obx_shared->workers[i].pid != 0 &&
+			   strcmp(obx_shared->workers[i].database, db->name) == 0;
 	return obx_shared->consumer_pids[i] != 0;
 }
 
@@ -277,7 +282,7 @@ worker_running(Kind *kind, Served *db, int k)
 	pid_t pid;
 
 	if (db->handles[k] == NULL)
-		return slot_alive(kind, (db - kind->dbs) * kind->per_db + k);
+		return slot_alive(kind, db, (db - kind->dbs) * kind->per_db + k);
 	if (GetBackgroundWorkerPid(db->handles[k], &pid) != BGWH_STOPPED)
 		return true;
 	pfree(db->handles[k]);
