@@ -145,7 +145,7 @@ define_gucs(void)
 	{
 		DefineCustomStringVariable("obx.database",
 								   "Database whose outbox the relay workers publish.",
-								   NULL,
+								   "Used when obx.databases is empty.",
 								   &obx_database,
 								   "postgres",
 								   PGC_POSTMASTER, 0,
@@ -161,7 +161,7 @@ define_gucs(void)
 
 		DefineCustomStringVariable("obx.consumer_database",
 								   "Database whose subscriptions the consumer workers serve.",
-								   "Empty means obx.database.",
+								   "Used when obx.consumer_databases is empty; empty means the relay's databases.",
 								   &obx_consumer_database,
 								   "",
 								   PGC_POSTMASTER, 0,
