@@ -115,14 +115,20 @@ published('db_a', 'a.orders.v1', $a_ids);
 published('db_b', 'b.orders.v1', $b_ids);
 is($node->safe_psql('db_a', 'SELECT count(*) FROM obx.outbox_events WHERE id IN ('
 	  . join(',', map { "'$_'" } @$b_ids) . ')'), '0', "no event of db_b is in db_a's outbox");
-for (1 .. 3)
+# Turns of 500 ms (obx.claim_gap 1 s over two workers): an event of db_b
+# committed during db_b's turn waits for it to end, while db_a's claim of
+# its own event, right after, must not count as having seen db_b's.
+$node->safe_psql('postgres', "ALTER SYSTEM SET obx.claim_gap = '1s'");
+$node->reload;
+for (1 .. 4)
 {
-	push @$b_ids, @{ enqueue('db_b', 'b.orders.v1', 5) };
+	push @$b_ids, @{ enqueue('db_b', 'b.orders.v1', 1) };
+	push @$b_ids, @{ enqueue('db_b', 'b.orders.v1', 1) };
+	push @$a_ids, @{ enqueue('db_a', 'a.orders.v1', 1) };
 	published('db_b', 'b.orders.v1', $b_ids);
-	push @$a_ids, @{ enqueue('db_a', 'a.orders.v1', 5) };
 	published('db_a', 'a.orders.v1', $a_ids);
 }
-$node->safe_psql('postgres', 'ALTER SYSTEM RESET obx.poll_interval');
+$node->safe_psql('postgres', 'ALTER SYSTEM RESET obx.poll_interval; ALTER SYSTEM RESET obx.claim_gap');
 $node->reload;
 
 # The subscriptions: each database's table holds exactly the other's events.
