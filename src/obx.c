@@ -26,6 +26,7 @@
 
 #include "obx.h"
 #include "latency.h"
+#include "launcher.h"
 #include "turns.h"
 #include "worker.h"
 
@@ -36,6 +37,8 @@ char *obx_kafka_properties = NULL;
 char *obx_kafka_properties_file = NULL;
 char *obx_topics = NULL;
 char *obx_database = NULL;
+char *obx_databases = NULL;
+char *obx_consumer_databases = NULL;
 int obx_workers = 2;
 int obx_lease_timeout_s = 60;
 int obx_batch_size = 2000;
@@ -142,7 +145,7 @@ define_gucs(void)
 	{
 		DefineCustomStringVariable("obx.database",
 								   "Database whose outbox the relay workers publish.",
-								   NULL,
+								   "Used when obx.databases is empty.",
 								   &obx_database,
 								   "postgres",
 								   PGC_POSTMASTER, 0,
@@ -158,7 +161,7 @@ define_gucs(void)
 
 		DefineCustomStringVariable("obx.consumer_database",
 								   "Database whose subscriptions the consumer workers serve.",
-								   "Empty means obx.database.",
+								   "Used when obx.consumer_databases is empty; empty means the relay's databases.",
 								   &obx_consumer_database,
 								   "",
 								   PGC_POSTMASTER, 0,
@@ -174,6 +177,23 @@ define_gucs(void)
 								PGC_POSTMASTER, 0,
 								NULL, NULL, NULL);
 	}
+
+	DefineCustomStringVariable("obx.databases",
+							   "Databases whose outboxes the relay workers publish, comma-separated.",
+							   "Each gets obx.workers relay workers.  Empty means obx.database.",
+							   &obx_databases,
+							   "",
+							   PGC_SIGHUP, GUC_LIST_INPUT,
+							   obx_check_database_list, NULL, NULL);
+
+	DefineCustomStringVariable("obx.consumer_databases",
+							   "Databases whose subscriptions the consumer workers serve, comma-separated.",
+							   "Each gets obx.consumer_workers consumer workers.  Empty means "
+							   "obx.consumer_database, or if that is empty too the relay's databases.",
+							   &obx_consumer_databases,
+							   "",
+							   PGC_SIGHUP, GUC_LIST_INPUT,
+							   obx_check_database_list, NULL, NULL);
 
 	DefineCustomIntVariable("obx.lease_timeout",
 							"How long a claimed batch stays leased to its worker.",
@@ -399,7 +419,6 @@ obx_shmem_startup(void)
 	if (!found)
 	{
 		memset(obx_shared, 0, sizeof(ObxShared));
-		obx_shared->nworkers = obx_workers;
 		for (i = 0; i < OBX_MAX_WORKERS; i++)
 			SpinLockInit(&obx_shared->workers[i].mutex);
 		obx_turns_shmem_init(obx_shared);

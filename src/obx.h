@@ -7,6 +7,8 @@
  *
  * Files and what they own (docs/internals.md has the tour):
  *	  obx.c		module entry, GUCs, shared memory
+ *	  launcher.c	the launcher: starts and stops the per-database workers
+ *				as obx.databases and obx.consumer_databases say
  *	  worker.c	the base of both workers: registration, start-up, reload,
  *				the wait, steps and kept plans, housekeeping timer
  *	  turns.c	the claim-turn protocol: wake-up, changes, async commits,
@@ -61,6 +63,8 @@ extern char *obx_kafka_properties;
 extern char *obx_kafka_properties_file;
 extern char *obx_topics;
 extern char *obx_database;
+extern char *obx_databases;
+extern char *obx_consumer_databases;
 extern int obx_workers;
 extern int obx_lease_timeout_s;
 extern int obx_batch_size;
@@ -120,6 +124,9 @@ typedef struct ObxWorkerSlot
 	TimestampTz last_success_at;
 	TimestampTz last_error_at;
 	char last_error[256];
+	/* written by the launcher: the database served, why no worker runs */
+	char database[NAMEDATALEN];
+	char problem[64];
 	/* events published in two consecutive windows, for events/s */
 	TimestampTz window_start;
 	int64 window_published;
@@ -148,19 +155,16 @@ typedef struct ObxHandlerSlot
 	ObxHandlerMessage victim;  /* the message of that call */
 } ObxHandlerSlot;
 
-typedef struct ObxShared
+/*
+ * The claim-turn state of one database that relay workers serve (turns.c).
+ * The launcher gives each served database one of these and the relay slots
+ * dbslot * obx.workers .. + obx.workers - 1; dboid 0 means free.
+ */
+typedef struct ObxDbTurns
 {
+	Oid dboid;
 	int nworkers;
 	pg_atomic_uint32 next_wake; /* round robin of obx_wake_workers */
-
-	/*
-	 * Asynchronous commits of transactions that changed events through
-	 * obx's functions: how many are between their pre-commit and commit
-	 * callbacks, and the end of the latest one's commit record (see
-	 * obx_async_commits_settled).
-	 */
-	pg_atomic_uint32 async_committing;
-	pg_atomic_uint64 async_commit_end;
 
 	/*
 	 * What can make events claimable, counted: commits of obx's functions,
@@ -173,13 +177,28 @@ typedef struct ObxShared
 	pg_atomic_uint64 claimed_changes;
 
 	/*
-	 * When the latest claim of any relay worker started, or 0 if it took
-	 * a full batch: the workers' turns under obx.claim_gap (see
-	 * obx_turn_take in turns.c).
+	 * When the latest claim of any relay worker of this database started,
+	 * or 0 if it took a full batch: the workers' turns under obx.claim_gap
+	 * (see obx_turn_take in turns.c).
 	 */
 	pg_atomic_uint64 last_claim_at;
-	ObxWorkerSlot workers[OBX_MAX_WORKERS];
+} ObxDbTurns;
+
+typedef struct ObxShared
+{
+	/*
+	 * Asynchronous commits of transactions that changed events through
+	 * obx's functions: how many are between their pre-commit and commit
+	 * callbacks, and the end of the latest one's commit record (see
+	 * obx_async_commits_settled).
+	 */
+	pg_atomic_uint32 async_committing;
+	pg_atomic_uint64 async_commit_end;
+
+	ObxDbTurns dbs[OBX_MAX_WORKERS];          /* per served database */
+	ObxWorkerSlot workers[OBX_MAX_WORKERS];   /* per relay worker */
 	ObxHandlerSlot handlers[OBX_MAX_WORKERS]; /* per consumer worker */
+	int consumer_pids[OBX_MAX_WORKERS];       /* per consumer worker */
 } ObxShared;
 
 extern ObxShared *obx_shared;

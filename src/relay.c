@@ -541,7 +541,7 @@ producer_ready(void)
 static void
 analyze_backlog(Flight *launched)
 {
-	if (relay.w.number != 0 || !launched->batch.full ||
+	if (relay.w.local != 0 || !launched->batch.full ||
 		GetCurrentTimestamp() < relay.next_analyze)
 		return;
 	obx_outbox_analyze();

@@ -22,6 +22,7 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "launcher.h"
 #include "status.h"
 
 PG_FUNCTION_INFO_V1(obx_worker_status);
@@ -40,6 +41,8 @@ PG_FUNCTION_INFO_V1(obx_warn_unserved);
 static const char *
 state_name(const ObxWorkerSlot *slot)
 {
+	if (slot->pid == 0 && slot->problem[0] != '\0')
+		return slot->problem;
 	if (slot->pid == 0)
 		return slot->started_at == 0 ? "not started" : "stopped";
 	switch (slot->state)
@@ -142,7 +145,8 @@ events_per_second(const ObxWorkerSlot *slot, TimestampTz now)
 }
 
 /*
- * obx.worker_status(): one row per configured relay worker.  Error texts
+ * obx.worker_status(): one row per relay worker slot the launcher gave a
+ * database.  Error texts
  * can name brokers, topics and configuration: only superusers and members
  * of pg_monitor see them; everyone else gets NULL in last_error.
  */
@@ -157,7 +161,7 @@ obx_worker_status(PG_FUNCTION_ARGS)
 	if (obx_shared == NULL)
 		return (Datum) 0;
 
-	for (i = 0; i < obx_shared->nworkers; i++)
+	for (i = 0; i < OBX_MAX_WORKERS; i++)
 	{
 		ObxWorkerSlot *slot = &obx_shared->workers[i];
 		ObxWorkerSlot copy;
@@ -167,10 +171,12 @@ obx_worker_status(PG_FUNCTION_ARGS)
 		SpinLockAcquire(&slot->mutex);
 		memcpy(&copy, slot, sizeof(copy));
 		SpinLockRelease(&slot->mutex);
+		/* a slot the launcher gave no database is not in use */
+		if (copy.database[0] == '\0')
+			continue;
 
 		values[0] = Int32GetDatum(i);
-		/* every relay worker serves obx.database, fixed at server start */
-		values[1] = CStringGetTextDatum(obx_database);
+		values[1] = CStringGetTextDatum(copy.database);
 		values[2] = Int32GetDatum(copy.pid);
 		nulls[2] = (copy.pid == 0);
 		values[3] = CStringGetTextDatum(state_name(&copy));
@@ -192,11 +198,53 @@ obx_worker_status(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Whether database here is among the first obx_database_capacity()
+ * databases of the relay's list; the reason if not.
+ */
+static const char *
+list_problem(const char *here, char **detail, char **hint)
+{
+	List *names = obx_database_list(true);
+	int capacity = obx_database_capacity(true);
+	int position = 0;
+	ListCell *lc;
+
+	foreach (lc, names)
+	{
+		if (strcmp((char *) lfirst(lc), here) != 0)
+		{
+			position++;
+			continue;
+		}
+		if (position < capacity)
+			return NULL;
+		*detail = psprintf("Database \"%s\" is number %d in the relay's list, but only "
+						   "%d databases get relay workers (%d worker slots, obx.workers = %d).",
+						   here, position + 1, capacity, OBX_MAX_WORKERS, obx_workers);
+		*hint = pstrdup("Lower obx.workers (a restart) or list fewer databases.");
+		return "too many databases for the worker slots";
+	}
+	if (obx_databases && obx_databases[0])
+	{
+		*detail = psprintf("The relay workers publish the outboxes of obx.databases = '%s'.",
+						   obx_databases);
+		*hint = psprintf("Add '%s' to obx.databases and reload the configuration.", here);
+		return "not in obx.databases";
+	}
+	*detail = psprintf("The relay workers publish the outbox of database \"%s\" (obx.database).",
+					   obx_database);
+	*hint = psprintf("Set obx.databases to '%s, %s' and reload the configuration, or use the "
+					 "outbox of database \"%s\".",
+					 obx_database, here, obx_database);
+	return psprintf("obx.database is '%s'", obx_database);
+}
+
+/*
  * Whether a relay serves the current database.  A relay runs only when obx
  * was loaded by shared_preload_libraries (obx_shared is then set up by the
  * postmaster; a library loaded by CREATE EXTENSION or a call has none),
- * with obx.workers above 0, and it publishes the outbox of obx.database
- * only.  Returns NULL when a relay serves this database; otherwise sets
+ * with obx.workers above 0, and it publishes the outboxes of the databases
+ * in its list (obx.databases, or obx.database) that fit its worker slots.  Returns NULL when a relay serves this database; otherwise sets
  * *detail and *hint and returns a short reason, as obx.status shows it.
  */
 static const char *
@@ -219,15 +267,7 @@ relay_problem(char **detail, char **hint)
 							 : "");
 		return "obx.workers is 0";
 	}
-	if (strcmp(obx_database, here) != 0)
-	{
-		*detail = psprintf("The relay workers publish the outbox of database \"%s\" (obx.database).",
-						   obx_database);
-		*hint = psprintf("Set obx.database to '%s' and restart the server, or use the "
-						 "outbox of database \"%s\".",
-						 here, obx_database);
-		return psprintf("obx.database is '%s'", obx_database);
-	}
+	return list_problem(here, detail, hint);
 	return NULL;
 }
 

@@ -40,10 +40,18 @@
  * number of workers at most.  A claim that took a full batch (a backlog)
  * ends the turns: the next claim comes at once.
  *
+ * Each served database has all of this but the asynchronous commits in a
+ * state of its own (ObxDbTurns, found by MyDatabaseId): a commit in one
+ * database wakes a relay worker of that database and counts as a change
+ * there only, and the turns of one database's workers do not space out
+ * another's.  Asynchronous commits stay server-wide: a claim that waits for
+ * another database's commit to settle only flushes a little more WAL.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "miscadmin.h"
 #include "port/atomics.h"
 #include "storage/latch.h"
 #include "utils/timestamp.h"
@@ -54,19 +62,74 @@
 void
 obx_turns_shmem_init(ObxShared *shared)
 {
-	pg_atomic_init_u32(&shared->next_wake, 0);
+	int i;
+
 	pg_atomic_init_u32(&shared->async_committing, 0);
 	pg_atomic_init_u64(&shared->async_commit_end, 0);
-	pg_atomic_init_u64(&shared->changes, 0);
-	/* Unequal, so that the first claim is not skipped. */
-	pg_atomic_init_u64(&shared->claimed_changes, PG_UINT64_MAX);
-	pg_atomic_init_u64(&shared->last_claim_at, 0);
+	for (i = 0; i < OBX_MAX_WORKERS; i++)
+	{
+		shared->dbs[i].dboid = InvalidOid;
+		pg_atomic_init_u32(&shared->dbs[i].next_wake, 0);
+		pg_atomic_init_u64(&shared->dbs[i].changes, 0);
+		pg_atomic_init_u64(&shared->dbs[i].claimed_changes, PG_UINT64_MAX);
+		pg_atomic_init_u64(&shared->dbs[i].last_claim_at, 0);
+	}
+}
+
+/*
+ * obx_turns_assign
+ *		The launcher gives dbslot to database dboid, served by nworkers
+ *		relay workers, or frees it (dboid InvalidOid).  The counters start
+ *		afresh; claimed_changes unequal to changes, so that the first claim
+ *		is not skipped.
+ */
+void
+obx_turns_assign(int dbslot, Oid dboid, int nworkers)
+{
+	ObxDbTurns *db = &obx_shared->dbs[dbslot];
+
+	db->dboid = InvalidOid;
+	pg_write_barrier();
+	db->nworkers = nworkers;
+	pg_atomic_write_u64(&db->changes, 0);
+	pg_atomic_write_u64(&db->claimed_changes, PG_UINT64_MAX);
+	pg_atomic_write_u64(&db->last_claim_at, 0);
+	pg_write_barrier();
+	db->dboid = dboid;
+}
+
+/*
+ * obx_turns_find
+ *		The slot number of the turn state of database dboid, or -1 when no
+ *		relay serves it.
+ */
+int
+obx_turns_find(Oid dboid)
+{
+	int i;
+
+	if (obx_shared == NULL || !OidIsValid(dboid))
+		return -1;
+	for (i = 0; i < OBX_MAX_WORKERS; i++)
+		if (obx_shared->dbs[i].dboid == dboid)
+			return i;
+	return -1;
+}
+
+/* The turn state of the current database, or NULL. */
+static ObxDbTurns *
+my_turns(void)
+{
+	int i = obx_turns_find(MyDatabaseId);
+
+	return i < 0 ? NULL : &obx_shared->dbs[i];
 }
 
 /*
  * obx_wake_workers
- *		Note a change and set the latch of one running relay worker: an idle
- *		one if there is one, taken in turn.
+ *		Note a change in the current database and set the latch of one of
+ *		its running relay workers: an idle one if there is one, taken in
+ *		turn.
  *
  * Called from a commit callback, so it must not fail: it only reads the
  * slots (state without the lock: a stale read wakes a busy worker, which
@@ -78,17 +141,21 @@ obx_wake_workers(void)
 	int n;
 	int start;
 	int i;
+	int dbslot = obx_turns_find(MyDatabaseId);
+	ObxDbTurns *db;
 	Latch *fallback = NULL;
 
-	if (obx_shared == NULL || obx_shared->nworkers == 0)
+	if (dbslot < 0)
 		return;
-
-	obx_note_change();
-	n = obx_shared->nworkers;
-	start = (int) (pg_atomic_fetch_add_u32(&obx_shared->next_wake, 1) % n);
+	db = &obx_shared->dbs[dbslot];
+	n = db->nworkers;
+	if (n <= 0)
+		return;
+	pg_atomic_fetch_add_u64(&db->changes, 1);
+	start = (int) (pg_atomic_fetch_add_u32(&db->next_wake, 1) % n);
 	for (i = 0; i < n; i++)
 	{
-		ObxWorkerSlot *slot = &obx_shared->workers[(start + i) % n];
+		ObxWorkerSlot *slot = &obx_shared->workers[dbslot * n + (start + i) % n];
 		Latch *latch = slot->latch;
 
 		if (latch == NULL)
@@ -151,43 +218,57 @@ obx_async_commits_settled(XLogRecPtr *commit_end)
 void
 obx_note_change(void)
 {
-	if (obx_shared != NULL)
-		pg_atomic_fetch_add_u64(&obx_shared->changes, 1);
+	ObxDbTurns *db = my_turns();
+
+	if (db != NULL)
+		pg_atomic_fetch_add_u64(&db->changes, 1);
 }
 
 /* The count of changes, read before a claim's snapshot. */
 uint64
 obx_changes(void)
 {
+	ObxDbTurns *db = my_turns();
+
 	pg_memory_barrier();
-	return pg_atomic_read_u64(&obx_shared->changes);
+	return db == NULL ? 0 : pg_atomic_read_u64(&db->changes);
 }
 
 /* A committed claim took everything claimable as of changes. */
 void
 obx_claimed_changes(uint64 changes)
 {
-	uint64 seen = pg_atomic_read_u64(&obx_shared->claimed_changes);
+	ObxDbTurns *db = my_turns();
+	uint64 seen;
 
+	if (db == NULL)
+		return;
+	seen = pg_atomic_read_u64(&db->claimed_changes);
 	while ((seen == PG_UINT64_MAX || seen < changes) &&
-		   !pg_atomic_compare_exchange_u64(&obx_shared->claimed_changes, &seen, changes))
+		   !pg_atomic_compare_exchange_u64(&db->claimed_changes, &seen, changes))
 		;
 }
 
-/* Whether nothing happened since a claim took everything claimable. */
+/*
+ * Whether nothing happened in this database since a claim took everything
+ * claimable.  A worker whose database lost its turn state (the launcher
+ * dropped it from the list) never skips.
+ */
 bool
 obx_claim_pointless(void)
 {
+	ObxDbTurns *db = my_turns();
+
 	pg_memory_barrier();
-	return pg_atomic_read_u64(&obx_shared->changes) ==
-		   pg_atomic_read_u64(&obx_shared->claimed_changes);
+	return db != NULL && pg_atomic_read_u64(&db->changes) ==
+							 pg_atomic_read_u64(&db->claimed_changes);
 }
 
-/* The least time between two claims of the relay: a turn. */
+/* The least time between two claims of this database's relay: a turn. */
 static TimestampTz
-turn_us(void)
+turn_us(ObxDbTurns *db)
 {
-	return (TimestampTz) obx_claim_gap_ms * 1000 / Max(1, obx_shared->nworkers);
+	return (TimestampTz) obx_claim_gap_ms * 1000 / Max(1, db->nworkers);
 }
 
 /*
@@ -197,10 +278,10 @@ turn_us(void)
  * back: the turn comes now rather than when the clock is back there.
  */
 static bool
-turn_due(uint64 latest, TimestampTz now)
+turn_due(ObxDbTurns *db, uint64 latest, TimestampTz now)
 {
 	return latest == 0 || (TimestampTz) latest > now ||
-		   now >= (TimestampTz) latest + turn_us();
+		   now >= (TimestampTz) latest + turn_us(db);
 }
 
 /*
@@ -210,16 +291,17 @@ turn_due(uint64 latest, TimestampTz now)
 long
 obx_turn_quiet_ms(void)
 {
+	ObxDbTurns *db = my_turns();
 	uint64 latest;
 	TimestampTz now;
 
-	if (obx_claim_gap_ms <= 0)
+	if (obx_claim_gap_ms <= 0 || db == NULL)
 		return 0;
-	latest = pg_atomic_read_u64(&obx_shared->last_claim_at);
+	latest = pg_atomic_read_u64(&db->last_claim_at);
 	now = GetCurrentTimestamp();
-	if (turn_due(latest, now))
+	if (turn_due(db, latest, now))
 		return 0;
-	return (long) (((TimestampTz) latest + turn_us() - now + 999) / 1000);
+	return (long) (((TimestampTz) latest + turn_us(db) - now + 999) / 1000);
 }
 
 /*
@@ -231,14 +313,15 @@ obx_turn_quiet_ms(void)
 bool
 obx_turn_take(TimestampTz now)
 {
+	ObxDbTurns *db = my_turns();
 	uint64 latest;
 
-	if (obx_claim_gap_ms <= 0)
+	if (obx_claim_gap_ms <= 0 || db == NULL)
 		return true;
-	latest = pg_atomic_read_u64(&obx_shared->last_claim_at);
-	if (!turn_due(latest, now))
+	latest = pg_atomic_read_u64(&db->last_claim_at);
+	if (!turn_due(db, latest, now))
 		return false;
-	return pg_atomic_compare_exchange_u64(&obx_shared->last_claim_at, &latest, (uint64) now);
+	return pg_atomic_compare_exchange_u64(&db->last_claim_at, &latest, (uint64) now);
 }
 
 /*
@@ -249,7 +332,9 @@ obx_turn_take(TimestampTz now)
 void
 obx_turns_end(TimestampTz claimed_since)
 {
+	ObxDbTurns *db = my_turns();
 	uint64 mine = (uint64) claimed_since;
 
-	(void) pg_atomic_compare_exchange_u64(&obx_shared->last_claim_at, &mine, 0);
+	if (db != NULL)
+		(void) pg_atomic_compare_exchange_u64(&db->last_claim_at, &mine, 0);
 }

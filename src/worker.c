@@ -37,45 +37,39 @@
 #include "housekeeping.h"
 #include "kafka_conf.h"
 #include "outbox.h"
+#include "turns.h"
 #include "worker.h"
 
 /*
- * Register count workers of one kind: "obx relay N" or "obx consumer N",
- * restarted 1 s after they exit with status 1.
- */
-static void
-register_kind(const char *kind, const char *function, int count)
-{
-	BackgroundWorker worker;
-	int i;
-
-	for (i = 0; i < count; i++)
-	{
-		memset(&worker, 0, sizeof(worker));
-		worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-						   BGWORKER_BACKEND_DATABASE_CONNECTION;
-		worker.bgw_start_time = BgWorkerStart_ConsistentState;
-		worker.bgw_restart_time = 1;
-		snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
-		snprintf(worker.bgw_function_name, BGW_MAXLEN, "%s", function);
-		snprintf(worker.bgw_name, BGW_MAXLEN, "%s %d", kind, i);
-		snprintf(worker.bgw_type, BGW_MAXLEN, "%s", kind);
-		worker.bgw_main_arg = Int32GetDatum(i);
-		worker.bgw_notify_pid = 0;
-		RegisterBackgroundWorker(&worker);
-	}
-}
-
-/*
  * obx_worker_register
- *		Register obx.workers relay and obx.consumer_workers consumer workers;
- *		called while the shared_preload_libraries are loaded.
+ *		Register the launcher (launcher.c), which starts obx.workers relay
+ *		and obx.consumer_workers consumer workers per database; called while
+ *		the shared_preload_libraries are loaded.  Restarted 1 s after it
+ *		exits with status 1.
  */
 void
 obx_worker_register(void)
 {
-	register_kind("obx relay", "obx_relay_main", obx_workers);
-	register_kind("obx consumer", "obx_consumer_main", obx_consumer_workers);
+	BackgroundWorker worker;
+
+	if (obx_workers == 0 && obx_consumer_workers == 0)
+		return;
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_ConsistentState;
+	worker.bgw_restart_time = 1;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "obx_launcher_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "obx launcher");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "obx launcher");
+	RegisterBackgroundWorker(&worker);
+}
+
+/* A consumer worker's exit: its slot is free for the launcher to fill. */
+static void
+detach_consumer(int code, Datum arg)
+{
+	obx_shared->consumer_pids[DatumGetInt32(arg)] = 0;
 }
 
 /*
@@ -143,9 +137,10 @@ kafka_settings(ObxWorker *w)
  *		database connection, pinned settings, its application name, and the
  *		"started" log line.
  *
- * The consumer serves obx.consumer_database (empty: obx.database).  Worker 0
- * of the relay purges; consumer worker 0 too when no relay serves its
- * database (the dedupe history lives there).
+ * The launcher passes the database in bgw_extra and the worker's slot in
+ * main_arg.  Worker 0 of a database's relay purges; consumer worker 0 too
+ * when no relay serves its database (the dedupe history lives there; see
+ * obx_worker_housekeeping).
  */
 void
 obx_worker_start(ObxWorker *w, ObxWorkerKind kind, Datum main_arg)
@@ -155,13 +150,16 @@ obx_worker_start(ObxWorker *w, ObxWorkerKind kind, Datum main_arg)
 	memset(w, 0, sizeof(ObxWorker));
 	w->kind = kind;
 	w->number = DatumGetInt32(main_arg);
+	w->local = w->number % Max(1, relay ? obx_workers : obx_consumer_workers);
 	w->name = relay ? "obx relay" : "obx consumer";
-	w->database = obx_database;
-	if (!relay && obx_consumer_database && obx_consumer_database[0])
-		w->database = obx_consumer_database;
-	w->purges = w->number == 0 &&
-				(relay || obx_workers == 0 || strcmp(w->database, obx_database) != 0);
+	w->database = MemoryContextStrdup(TopMemoryContext, MyBgworkerEntry->bgw_extra);
+	w->purges = w->local == 0;
 	w->wait_fd = PGINVALID_SOCKET;
+	if (!relay)
+	{
+		obx_shared->consumer_pids[w->number] = MyProcPid;
+		on_shmem_exit(detach_consumer, Int32GetDatum(w->number));
+	}
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
@@ -302,6 +300,13 @@ obx_worker_housekeeping(ObxWorker *w)
 
 	if (!w->purges || GetCurrentTimestamp() < w->next_purge)
 		return;
+	/* a consumer purges only where no relay does */
+	if (w->kind == OBX_WORKER_CONSUMER && obx_turns_find(MyDatabaseId) >= 0)
+	{
+		w->next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													OBX_PURGE_INTERVAL_MS);
+		return;
+	}
 	purged = obx_outbox_purge();
 	w->next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 												purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);

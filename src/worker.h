@@ -27,7 +27,8 @@ typedef enum ObxWorkerKind
 typedef struct ObxWorker
 {
 	ObxWorkerKind kind;
-	int number;           /* bgw_main_arg: 0 .. count - 1 */
+	int number;           /* bgw_main_arg: its slot, 0 .. OBX_MAX_WORKERS - 1 */
+	int local;            /* its number among its database's workers */
 	const char *name;     /* "obx relay" or "obx consumer" */
 	const char *database; /* the database it serves */
 	bool purges;          /* this worker runs the purge */

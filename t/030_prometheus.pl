@@ -301,8 +301,8 @@ check_workers($m, 'after worker 1 restarted', 39, undef);
 $node->safe_psql('postgres', 'CREATE DATABASE shop');
 my ($ret, $out, $err) = $node->psql('shop', 'CREATE EXTENSION obx');
 is($ret, 0, 'CREATE EXTENSION succeeds in a database no relay serves');
-like($err, qr/WARNING:  no obx relay publishes the outbox of database "shop".*HINT:  Set obx.database to 'shop'/s,
-	'CREATE EXTENSION warns that no relay serves "shop", naming obx.database');
+like($err, qr/WARNING:  no obx relay publishes the outbox of database "shop".*HINT:  Set obx.databases to 'postgres, shop' and reload/s,
+	'CREATE EXTENSION warns that no relay serves "shop", naming obx.databases');
 ($ret, $out, $err) = $node->psql('shop', qq{
 	SELECT obx.enqueue('$orders', 'ord_s', '{"shop": 1}') IS NOT NULL;
 	SELECT obx.enqueue('$orders', 'ord_s', '{"shop": 2}') IS NOT NULL;});
