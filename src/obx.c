@@ -89,8 +89,9 @@ _PG_init(void)
 	obx_worker_register();
 }
 
+/* What the Kafka clients are built from, and what goes on the wire. */
 static void
-define_gucs(void)
+define_kafka_gucs(void)
 {
 	DefineCustomStringVariable("obx.brokers",
 							   "Kafka bootstrap servers the relay produces to.",
@@ -134,6 +135,38 @@ define_gucs(void)
 							   PGC_SIGHUP, 0,
 							   NULL, NULL, NULL);
 
+	DefineCustomIntVariable("obx.delivery_timeout",
+							"How long librdkafka may try to deliver one event "
+							"before the attempt counts as failed.",
+							"Sets message.timeout.ms.",
+							&obx_delivery_timeout_ms,
+							30000, 1000, 3600000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("obx.cloudevents",
+							 "Whether the relay adds CloudEvents binary-mode "
+							 "headers (ce_*) to every record.",
+							 NULL,
+							 &obx_cloudevents,
+							 false,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomStringVariable("obx.cloudevents_source",
+							   "The CloudEvents source (ce_source) of the "
+							   "events this server publishes.",
+							   NULL,
+							   &obx_cloudevents_source,
+							   "/obx",
+							   PGC_SIGHUP, 0,
+							   NULL, NULL, NULL);
+}
+
+/* Which databases are served, by how many workers, and how they wait and stop. */
+static void
+define_worker_gucs(void)
+{
 	/*
 	 * PostgreSQL accepts postmaster-context settings only while the
 	 * shared_preload_libraries are loaded; defining them later (CREATE
@@ -195,6 +228,30 @@ define_gucs(void)
 							   PGC_SIGHUP, GUC_LIST_INPUT,
 							   obx_check_database_list, NULL, NULL);
 
+	DefineCustomIntVariable("obx.poll_interval",
+							"How often a worker looks for events it was not "
+							"told about.",
+							"Commits of obx.enqueue wake the workers at once; this "
+							"is the fallback.",
+							&obx_poll_interval_ms,
+							1000, 10, 3600000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("obx.shutdown_timeout",
+							"How long a stopping worker waits for in-flight "
+							"deliveries.",
+							NULL,
+							&obx_shutdown_timeout_ms,
+							5000, 0, 600000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+}
+
+/* How the relay claims, retries, quarantines and purges. */
+static void
+define_relay_gucs(void)
+{
 	DefineCustomIntVariable("obx.lease_timeout",
 							"How long a claimed batch stays leased to its worker.",
 							"A live worker renews its lease while it waits on Kafka; "
@@ -211,16 +268,6 @@ define_gucs(void)
 							&obx_batch_size,
 							2000, 1, 100000,
 							PGC_SIGHUP, 0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("obx.poll_interval",
-							"How often a worker looks for events it was not "
-							"told about.",
-							"Commits of obx.enqueue wake the workers at once; this "
-							"is the fallback.",
-							&obx_poll_interval_ms,
-							1000, 10, 3600000,
-							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("obx.claim_gap",
@@ -260,14 +307,15 @@ define_gucs(void)
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
-	DefineCustomIntVariable("obx.delivery_timeout",
-							"How long librdkafka may try to deliver one event "
-							"before the attempt counts as failed.",
-							"Sets message.timeout.ms.",
-							&obx_delivery_timeout_ms,
-							30000, 1000, 3600000,
-							PGC_SIGHUP, GUC_UNIT_MS,
-							NULL, NULL, NULL);
+	DefineCustomBoolVariable("obx.quarantine_blocks_key",
+							 "Whether a quarantined event holds back the later "
+							 "events of its topic and key.",
+							 "On keeps per-key order strict until the event is "
+							 "retried or skipped.",
+							 &obx_quarantine_blocks_key,
+							 true,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
 
 	DefineCustomIntVariable("obx.retention",
 							"How long published events stay in the outbox.",
@@ -294,48 +342,12 @@ define_gucs(void)
 							14 * 24 * 3600, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
+}
 
-	DefineCustomIntVariable("obx.max_payload_size",
-							"Largest payload obx.enqueue accepts, in bytes of "
-							"JSON text (payload and headers together).",
-							"The default leaves room under librdkafka's "
-							"message.max.bytes (1000000) for key, headers and "
-							"record overhead.",
-							&obx_max_payload_size,
-							900000, 1, 100000000,
-							PGC_SUSET, GUC_UNIT_BYTE,
-							NULL, NULL, NULL);
-
-	DefineCustomBoolVariable("obx.quarantine_blocks_key",
-							 "Whether a quarantined event holds back the later "
-							 "events of its topic and key.",
-							 "On keeps per-key order strict until the event is "
-							 "retried or skipped.",
-							 &obx_quarantine_blocks_key,
-							 true,
-							 PGC_SIGHUP, 0,
-							 NULL, NULL, NULL);
-
-	DefineCustomBoolVariable("obx.warn_without_relay",
-							 "Whether CREATE EXTENSION and a session's first "
-							 "obx.enqueue warn when no relay publishes this "
-							 "database's outbox.",
-							 "Turn it off where events are enqueued on purpose "
-							 "for a relay that is not running yet.",
-							 &obx_warn_without_relay,
-							 true,
-							 PGC_USERSET, 0,
-							 NULL, NULL, NULL);
-
-	DefineCustomIntVariable("obx.shutdown_timeout",
-							"How long a stopping worker waits for in-flight "
-							"deliveries.",
-							NULL,
-							&obx_shutdown_timeout_ms,
-							5000, 0, 600000,
-							PGC_SIGHUP, GUC_UNIT_MS,
-							NULL, NULL, NULL);
-
+/* How a consumer worker batches messages into one transaction. */
+static void
+define_consumer_gucs(void)
+{
 	DefineCustomIntVariable("obx.consumer_batch_size",
 							"Most Kafka messages a consumer worker applies in "
 							"one transaction.",
@@ -356,6 +368,33 @@ define_gucs(void)
 							5, 1, 10000,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
+}
+
+/* What obx.enqueue checks and adds to an event. */
+static void
+define_enqueue_gucs(void)
+{
+	DefineCustomIntVariable("obx.max_payload_size",
+							"Largest payload obx.enqueue accepts, in bytes of "
+							"JSON text (payload and headers together).",
+							"The default leaves room under librdkafka's "
+							"message.max.bytes (1000000) for key, headers and "
+							"record overhead.",
+							&obx_max_payload_size,
+							900000, 1, 100000000,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("obx.warn_without_relay",
+							 "Whether CREATE EXTENSION and a session's first "
+							 "obx.enqueue warn when no relay publishes this "
+							 "database's outbox.",
+							 "Turn it off where events are enqueued on purpose "
+							 "for a relay that is not running yet.",
+							 &obx_warn_without_relay,
+							 true,
+							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
 
 	DefineCustomStringVariable("obx.traceparent",
 							   "W3C traceparent that obx.enqueue stores with the "
@@ -374,25 +413,16 @@ define_gucs(void)
 							   "",
 							   PGC_USERSET, 0,
 							   NULL, NULL, NULL);
+}
 
-	DefineCustomBoolVariable("obx.cloudevents",
-							 "Whether the relay adds CloudEvents binary-mode "
-							 "headers (ce_*) to every record.",
-							 NULL,
-							 &obx_cloudevents,
-							 false,
-							 PGC_SIGHUP, 0,
-							 NULL, NULL, NULL);
-
-	DefineCustomStringVariable("obx.cloudevents_source",
-							   "The CloudEvents source (ce_source) of the "
-							   "events this server publishes.",
-							   NULL,
-							   &obx_cloudevents_source,
-							   "/obx",
-							   PGC_SIGHUP, 0,
-							   NULL, NULL, NULL);
-
+static void
+define_gucs(void)
+{
+	define_kafka_gucs();
+	define_worker_gucs();
+	define_relay_gucs();
+	define_consumer_gucs();
+	define_enqueue_gucs();
 	MarkGUCPrefixReserved("obx");
 }
 
