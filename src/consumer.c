@@ -70,6 +70,14 @@
 #define OBX_WATERMARK_INTERVAL_MS 1000
 #define OBX_SEEK_TIMEOUT_MS       5000
 
+/*
+ * Subtransaction ids a batch's transaction should take at most: fewer than
+ * the PGPROC_MAX_CACHED_SUBXIDS (64) PostgreSQL caches per backend.  Past
+ * those, every other session's snapshot has to look transactions up in
+ * pg_subtrans while the batch runs, a slowdown for the whole server.
+ */
+#define OBX_BATCH_SUBXIDS 48
+
 /* A partition held back by a transient failure. */
 typedef struct HeldPartition
 {
@@ -92,9 +100,10 @@ typedef struct ConsumerState
 	MemoryContext msg_cxt; /* reset after every batch */
 	int pipefd[2];         /* every consumer queue signals on pipefd[1] */
 	TimestampTz next_refresh;
+	int batch_limit; /* messages per batch, at most obx.consumer_batch_size */
 } ConsumerState;
 
-static ConsumerState state = {.pipefd = {-1, -1}};
+static ConsumerState state = {.pipefd = {-1, -1}, .batch_limit = INT_MAX};
 
 /* A partition of the batch being applied. */
 typedef struct BatchPart
@@ -390,10 +399,12 @@ gather_batch(ObxConsumer *c, Batch *b)
 													obx_consumer_batch_time_ms);
 	int polled = 0;
 
+	int limit = Min(obx_consumer_batch_size, state.batch_limit);
+
 	b->c = c;
 	b->n = 0;
-	b->msgs = palloc(sizeof(rd_kafka_message_t *) * obx_consumer_batch_size);
-	while (b->n < obx_consumer_batch_size)
+	b->msgs = palloc(sizeof(rd_kafka_message_t *) * limit);
+	while (b->n < limit)
 	{
 		rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 0);
 
@@ -448,30 +459,73 @@ prepare_batch(Batch *b)
 }
 
 /*
- * Apply b in one transaction, in order; after a transient failure, no later
- * message of that partition, and after a shutdown request no message at
- * all (the rest is read again).  Returns whether the transaction committed.
+ * The messages of b from index next on, except those of partitions that
+ * failed: their indexes in idx, the messages in run.  Returns how many.
+ */
+static int
+remaining_run(Batch *b, int next, int *idx, const ObxInbound **run)
+{
+	int m = 0;
+	int i;
+
+	for (i = next; i < b->n; i++)
+		if (b->part[i]->failed < 0)
+		{
+			idx[m] = i;
+			run[m++] = &b->in[i];
+		}
+	return m;
+}
+
+/* Apply message i of b alone; known: its handler's error in a group. */
+static void
+apply_alone(Batch *b, int i, const ObxInboxFailure *known,
+			char *errbuf, size_t errlen)
+{
+	BatchPart *p = b->part[i];
+
+	if (obx_inbox_apply(&b->in[i], known, errbuf, errlen) == OBX_INBOX_RETRY)
+	{
+		p->failed = i;
+		p->error = pstrdup(errbuf);
+	}
+	else
+		p->done = b->in[i].offset;
+}
+
+/*
+ * Apply b in one transaction, in order: as groups of messages, each in one
+ * subtransaction (obx_inbox_apply_group), and the messages a group cannot
+ * take alone, each in a subtransaction of its own (obx_inbox_apply).
+ * After a transient failure, no later message of that partition, and
+ * after a shutdown request no message at all (the rest is read again).
+ * Returns whether the transaction committed.
  */
 static bool
 apply_batch(Batch *b, char *errbuf, size_t errlen)
 {
-	int i;
+	int *idx = palloc(sizeof(int) * Max(b->n, 1));
+	const ObxInbound **run = palloc(sizeof(ObxInbound *) * Max(b->n, 1));
+	int next = 0;
 
 	if (!obx_inbox_batch_begin(&b->c->sub, errbuf, errlen))
 		return false;
-	for (i = 0; i < b->n && !ShutdownRequestPending; i++)
+	while (next < b->n && !ShutdownRequestPending)
 	{
-		BatchPart *p = b->part[i];
+		int m = remaining_run(b, next, idx, run);
+		ObxInboxFailure failure;
+		int applied;
+		int j;
 
-		if (p->failed >= 0)
-			continue;
-		if (obx_inbox_apply(&b->in[i], errbuf, errlen) == OBX_INBOX_RETRY)
-		{
-			p->failed = i;
-			p->error = pstrdup(errbuf);
-		}
-		else
-			p->done = b->in[i].offset;
+		if (m == 0)
+			break;
+		applied = obx_inbox_apply_group(run, m, &failure);
+		for (j = 0; j < applied; j++)
+			b->part[idx[j]]->done = b->in[idx[j]].offset;
+		if (applied == m)
+			break;
+		apply_alone(b, idx[applied], &failure, errbuf, errlen);
+		next = idx[applied] + 1;
 		CHECK_FOR_INTERRUPTS();
 	}
 	return obx_inbox_batch_commit(errbuf, errlen);
@@ -507,6 +561,30 @@ settle_batch(Batch *b, bool committed, const char *error)
 }
 
 /*
+ * After a committed batch of n messages: how many messages the next batch
+ * may have.  A group of messages takes one subtransaction id, a message
+ * applied alone one or two; a handler with an exception block that writes
+ * takes one per call, and would overflow the backend's cache with batches
+ * of obx.consumer_batch_size.  The limit keeps such batches to about
+ * OBX_BATCH_SUBXIDS ids at the last batch's rate; after an overflow, whose
+ * rate is unknown, to half of OBX_BATCH_SUBXIDS messages at most, and
+ * less again if that overflows too.
+ */
+static void
+adapt_batch_limit(int n)
+{
+	bool overflowed;
+	int subxids = obx_inbox_batch_subxids(&overflowed);
+
+	if (overflowed)
+		state.batch_limit = Max(1, Min(n, OBX_BATCH_SUBXIDS) / 2);
+	else if (subxids <= 2 || n == 0)
+		state.batch_limit = INT_MAX;
+	else
+		state.batch_limit = Max(1, (int) ((int64) n * OBX_BATCH_SUBXIDS / subxids));
+}
+
+/*
  * Serve one batch of c: gather, apply, settle.  Returns how many messages
  * or events were polled (0: nothing was ready).
  */
@@ -525,6 +603,8 @@ serve_batch(ObxConsumer *c)
 
 		prepare_batch(&b);
 		committed = apply_batch(&b, errbuf, sizeof(errbuf));
+		if (committed)
+			adapt_batch_limit(b.n);
 		settle_batch(&b, committed, errbuf);
 	}
 	for (i = 0; i < b.n; i++)

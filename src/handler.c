@@ -153,9 +153,47 @@ rethrow_handler_error(MemoryContext cxt, const char *name, int timeout_ms)
 }
 
 /*
- * obx_call_handler
- *		Call a subscription's handler on an obx.inbound_event, as the
- *		subscription's owner, for at most timeout_ms (0: no limit).
+ * obx_handler_prepare
+ *		Get ready to call a subscription's handler (obx_handler_invoke) as
+ *		the subscription's owner, for at most timeout_ms (0: no limit).  The
+ *		function's lookup is kept in cxt and reused by every call until cxt
+ *		is reset: a LANGUAGE sql handler then keeps its plans for as long as
+ *		its (sub)transaction lasts, instead of parsing and planning its body
+ *		on every call.
+ */
+void
+obx_handler_prepare(ObxHandlerCall *call, Oid handler, Oid owner,
+					int timeout_ms, MemoryContext cxt)
+{
+	memset(call, 0, sizeof(*call));
+	call->handler = handler;
+	call->owner = owner;
+	call->timeout_ms = timeout_ms;
+	call->cxt = cxt;
+}
+
+/*
+ * On the first call, inside the owner's restricted settings: the privilege
+ * check, the function's name for the timeout's error (looked up while
+ * nothing failed) and its lookup.
+ */
+static void
+first_call(ObxHandlerCall *call)
+{
+	if (pg_proc_aclcheck(call->handler, call->owner, ACL_EXECUTE) != ACLCHECK_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("role \"%s\" may not execute the obx handler %s",
+						GetUserNameFromId(call->owner, true),
+						format_procedure(call->handler))));
+	call->name = MemoryContextStrdup(call->cxt, format_procedure(call->handler));
+	fmgr_info_cxt(call->handler, &call->flinfo, call->cxt);
+	call->ready = true;
+}
+
+/*
+ * obx_handler_invoke
+ *		Call the prepared handler on an obx.inbound_event.
  *
  * The call runs the way PostgreSQL runs index expressions during VACUUM:
  * with the owner as the current user, in a security-restricted operation
@@ -163,55 +201,63 @@ rethrow_handler_error(MemoryContext cxt, const char *name, int timeout_ms)
  * outliving it) and inside a GUC nest level unwound when it returns, with
  * search_path pg_catalog, pg_temp whoever calls it: a handler names its
  * objects with their schema or sets its own search_path in its definition.
+ * Every call gets a GUC nest level of its own, so what one call sets is
+ * never seen by the next.
  *
  * When the timeout passes, the handler is cancelled and this raises
  * query_canceled saying so.  On any error the caller's (sub)transaction
  * abort restores the user and the settings; the timer is stopped here.
  */
 void
-obx_call_handler(Oid handler, Oid owner, Datum event, int timeout_ms)
+obx_handler_invoke(ObxHandlerCall *call, Datum event)
 {
 	MemoryContext cxt = CurrentMemoryContext;
-	FmgrInfo flinfo;
 	Oid save_user;
 	int save_sec;
 	int save_nestlevel;
-	char *name;
 	LOCAL_FCINFO(fcinfo, 1);
 
 	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(owner, save_sec | SECURITY_LOCAL_USERID_CHANGE |
-									  SECURITY_RESTRICTED_OPERATION);
+	SetUserIdAndSecContext(call->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE |
+											SECURITY_RESTRICTED_OPERATION);
 	save_nestlevel = NewGUCNestLevel();
 	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 
-	if (pg_proc_aclcheck(handler, owner, ACL_EXECUTE) != ACLCHECK_OK)
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("role \"%s\" may not execute the obx handler %s",
-						GetUserNameFromId(owner, true), format_procedure(handler))));
-	/* Its name for the timeout's error, looked up while nothing failed. */
-	name = format_procedure(handler);
-	fmgr_info(handler, &flinfo);
-	InitFunctionCallInfoData(*fcinfo, &flinfo, 1, InvalidOid, NULL, NULL);
+	if (!call->ready)
+		first_call(call);
+	InitFunctionCallInfoData(*fcinfo, &call->flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = event;
 	fcinfo->args[0].isnull = false;
 
-	arm_timer(timeout_ms);
+	arm_timer(call->timeout_ms);
 	PG_TRY();
 	{
 		(void) FunctionCallInvoke(fcinfo);
 	}
 	PG_CATCH();
 	{
-		rethrow_handler_error(cxt, name, timeout_ms);
+		rethrow_handler_error(cxt, call->name, call->timeout_ms);
 	}
 	PG_END_TRY();
 	disarm_timer();
 
 	AtEOXact_GUC(false, save_nestlevel);
 	SetUserIdAndSecContext(save_user, save_sec);
+}
+
+/*
+ * obx_call_handler
+ *		One call of a handler, prepared for it alone (obx_handler_prepare,
+ *		obx_handler_invoke).
+ */
+void
+obx_call_handler(Oid handler, Oid owner, Datum event, int timeout_ms)
+{
+	ObxHandlerCall call;
+
+	obx_handler_prepare(&call, handler, owner, timeout_ms, CurrentMemoryContext);
+	obx_handler_invoke(&call, event);
 }
 
 /*
@@ -280,6 +326,36 @@ obx_handler_timed_out(void)
 	return handler_timeout_hit;
 }
 
+/* The slot whose ended worker was running msg's handler, or NULL. */
+static ObxHandlerSlot *
+victim_slot(const ObxInbound *msg)
+{
+	int i;
+
+	for (i = 0; i < OBX_MAX_WORKERS; i++)
+	{
+		ObxHandlerSlot *slot = &obx_shared->handlers[i];
+
+		if (slot->killed && slot->victim.partition == msg->partition &&
+			slot->victim.offset == msg->offset &&
+			strcmp(slot->victim.topic, msg->topic) == 0 &&
+			strcmp(slot->victim.consumer, msg->sub->name) == 0)
+			return slot;
+	}
+	return NULL;
+}
+
+/*
+ * obx_handler_is_victim
+ *		Whether a consumer worker ended while msg's handler ran (see
+ *		obx_handler_ended_a_worker, which takes the mark).
+ */
+bool
+obx_handler_is_victim(const ObxInbound *msg)
+{
+	return my_handler_slot != NULL && victim_slot(msg) != NULL;
+}
+
 /*
  * obx_handler_ended_a_worker
  *		If a consumer worker ended while msg's handler ran, the error to
@@ -289,32 +365,20 @@ obx_handler_timed_out(void)
 ErrorData *
 obx_handler_ended_a_worker(const ObxInbound *msg)
 {
+	ObxHandlerSlot *slot;
 	ErrorData *edata;
-	int i;
 
-	if (my_handler_slot == NULL)
+	if (my_handler_slot == NULL || (slot = victim_slot(msg)) == NULL)
 		return NULL;
-	for (i = 0; i < OBX_MAX_WORKERS; i++)
-	{
-		ObxHandlerSlot *slot = &obx_shared->handlers[i];
-
-		if (slot->killed && slot->victim.partition == msg->partition &&
-			slot->victim.offset == msg->offset &&
-			strcmp(slot->victim.topic, msg->topic) == 0 &&
-			strcmp(slot->victim.consumer, msg->sub->name) == 0)
-		{
-			slot->killed = false;
-			edata = palloc0(sizeof(ErrorData));
-			edata->elevel = ERROR;
-			edata->sqlerrcode = ERRCODE_QUERY_CANCELED;
-			edata->message = psprintf("obx handler %s did not stop after its timeout of %d ms, and its consumer worker was restarted",
-									  format_procedure(msg->sub->handler),
-									  msg->sub->handler_timeout_ms);
-			handler_timeout_hit = true;
-			return edata;
-		}
-	}
-	return NULL;
+	slot->killed = false;
+	edata = palloc0(sizeof(ErrorData));
+	edata->elevel = ERROR;
+	edata->sqlerrcode = ERRCODE_QUERY_CANCELED;
+	edata->message = psprintf("obx handler %s did not stop after its timeout of %d ms, and its consumer worker was restarted",
+							  format_procedure(msg->sub->handler),
+							  msg->sub->handler_timeout_ms);
+	handler_timeout_hit = true;
+	return edata;
 }
 
 PG_FUNCTION_INFO_V1(obx_replay_handler);

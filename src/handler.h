@@ -15,6 +15,23 @@
 
 #include "inbox.h"
 
+#include "fmgr.h"
+
+/* A handler ready to be called, again and again (obx_handler_prepare). */
+typedef struct ObxHandlerCall
+{
+	Oid handler;
+	Oid owner;
+	int timeout_ms;
+	MemoryContext cxt; /* holds what the calls keep */
+	bool ready;        /* checked and looked up by the first call */
+	char *name;        /* for the timeout's error */
+	FmgrInfo flinfo;
+} ObxHandlerCall;
+
+extern void obx_handler_prepare(ObxHandlerCall *call, Oid handler, Oid owner,
+								int timeout_ms, MemoryContext cxt);
+extern void obx_handler_invoke(ObxHandlerCall *call, Datum event);
 extern void obx_call_handler(Oid handler, Oid owner, Datum event,
 							 int timeout_ms);
 extern int obx_handler_timeout(const char *option);
@@ -24,6 +41,7 @@ extern void obx_inbox_attach(int worker);
 extern void obx_handler_enter(const ObxInbound *msg);
 extern void obx_handler_leave(void);
 extern bool obx_handler_timed_out(void);
+extern bool obx_handler_is_victim(const ObxInbound *msg);
 extern ErrorData *obx_handler_ended_a_worker(const ObxInbound *msg);
 
 #endif /* OBX_HANDLER_H */

@@ -29,12 +29,6 @@
 #include "inbound.h"
 
 /*
- * An event id longer than this (in bytes) is malformed: it could not be
- * recorded in obx.processed_events, whose index has a size limit.
- */
-#define OBX_MAX_EVENT_ID_LEN 512
-
-/*
  * Text of a key or header value: itself when it is valid in the database
  * encoding, else "\x" and its bytes in hex, so that binary keys and headers
  * from other producers still reach the handler (and nothing is dropped).

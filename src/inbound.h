@@ -31,6 +31,12 @@ typedef struct ObxInboundEvent
 	char *malformed_why;
 } ObxInboundEvent;
 
+/*
+ * An event id longer than this (in bytes) is malformed: it could not be
+ * recorded in obx.processed_events, whose index has a size limit.
+ */
+#define OBX_MAX_EVENT_ID_LEN 512
+
 extern void obx_inbound_build(const ObxInbound *msg, ObxInboundEvent *ev);
 extern Datum obx_inbound_row(const ObxInbound *msg, const ObxInboundEvent *ev);
 

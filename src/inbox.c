@@ -37,6 +37,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "pgstat.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
@@ -92,6 +93,8 @@ static struct
 	BatchPartition *parts;
 	Outcome pending;
 	MemoryContext apply_cxt;
+	int subxids; /* the last batch's, see obx_inbox_batch_subxids */
+	bool subxids_overflowed;
 } batch;
 
 /*
@@ -257,9 +260,11 @@ mark_processed(const ObxInbound *msg, const ObxInboundEvent *ev)
 typedef struct Attempt
 {
 	const ObxInbound *msg;
+	const ObxInboxFailure *known; /* the handler's error met in a group */
 	ObxInboundEvent ev;
 	bool in_handler;
 	ErrorData *handler_error;
+	bool timed_out; /* handler_error is the end of a timeout */
 } Attempt;
 
 /*
@@ -372,8 +377,9 @@ dead_letter_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
  * Steps 1 to 3 of the file header, in the message's subtransaction.  The
  * handler is called in it directly: its error rolls the subtransaction
  * back, mark included (see in_subtransaction).  A message whose handler
- * ended a worker gets that error without a call: OBX_INBOX_RETRY with
- * a->handler_error set, and the subtransaction is rolled back.
+ * ended a worker, or failed in a group (a->known), gets that error without
+ * a call: OBX_INBOX_RETRY with a->handler_error set, and the subtransaction
+ * is rolled back.
  */
 static ObxInboxResult
 mark_and_handle(Attempt *a)
@@ -390,6 +396,12 @@ mark_and_handle(Attempt *a)
 		return OBX_INBOX_DUPLICATE;
 	}
 	a->handler_error = obx_handler_ended_a_worker(a->msg);
+	a->timed_out = (a->handler_error != NULL);
+	if (a->handler_error == NULL && a->known != NULL)
+	{
+		a->handler_error = a->known->error;
+		a->timed_out = a->known->timed_out;
+	}
 	if (a->handler_error != NULL)
 		return OBX_INBOX_RETRY;
 	row = obx_inbound_row(a->msg, &a->ev);
@@ -536,6 +548,8 @@ obx_inbox_batch_begin(const ObxSubscription *sub, char *errbuf, size_t errlen)
 	batch.cxt = CurrentMemoryContext;
 	batch.sub = sub;
 	batch.parts = NULL;
+	batch.subxids = 0;
+	batch.subxids_overflowed = false;
 	if (batch.apply_cxt == NULL)
 		batch.apply_cxt = AllocSetContextCreate(TopMemoryContext, "obx inbox message",
 												ALLOCSET_DEFAULT_SIZES);
@@ -590,6 +604,7 @@ in_subtransaction(ObxInboxResult (*step)(Attempt *), Attempt *a,
 		{
 			a->in_handler = false;
 			obx_handler_leave();
+			a->timed_out = obx_handler_timed_out();
 			a->handler_error = CopyErrorData();
 			FlushErrorState();
 			RollbackAndReleaseCurrentSubTransaction();
@@ -607,11 +622,14 @@ in_subtransaction(ObxInboxResult (*step)(Attempt *), Attempt *a,
 /*
  * obx_inbox_apply
  *		Apply one message of the open batch in a subtransaction of its own;
- *		see the file header.  On OBX_INBOX_RETRY, errbuf says why and the
- *		subtransaction was rolled back: nothing of the message remains.
+ *		see the file header.  known, if not NULL, is the error its handler
+ *		raised in a group (obx_inbox_apply_group): the handler is not called
+ *		again.  On OBX_INBOX_RETRY, errbuf says why and the subtransaction
+ *		was rolled back: nothing of the message remains.
  */
 ObxInboxResult
-obx_inbox_apply(const ObxInbound *msg, char *errbuf, size_t errlen)
+obx_inbox_apply(const ObxInbound *msg, const ObxInboxFailure *known,
+				char *errbuf, size_t errlen)
 {
 	Attempt a;
 	ObxInboxResult result;
@@ -620,11 +638,12 @@ obx_inbox_apply(const ObxInbound *msg, char *errbuf, size_t errlen)
 	memset(&batch.pending, 0, sizeof(batch.pending));
 	memset(&a, 0, sizeof(a));
 	a.msg = msg;
+	a.known = (known != NULL && known->error != NULL) ? known : NULL;
 	MemoryContextReset(batch.apply_cxt);
 	result = in_subtransaction(mark_and_handle, &a, errbuf, errlen);
 	if (a.handler_error != NULL)
 	{
-		if (!obx_handler_timed_out() &&
+		if (!a.timed_out &&
 			is_transient(msg->sub, a.handler_error->sqlerrcode))
 			result = retry_handler_error(msg, &a.ev, a.handler_error, errbuf, errlen);
 		else
@@ -634,6 +653,21 @@ obx_inbox_apply(const ObxInbound *msg, char *errbuf, size_t errlen)
 	if (result != OBX_INBOX_RETRY)
 		fold_outcome(msg);
 	return result;
+}
+
+/*
+ * obx_inbox_count
+ *		Count a message applied outside obx_inbox_apply (a group's, see
+ *		inbox_group.c) for its partition's progress row: processed or a
+ *		duplicate.
+ */
+void
+obx_inbox_count(const ObxInbound *msg, ObxInboxResult result, const char *event_id)
+{
+	memset(&batch.pending, 0, sizeof(batch.pending));
+	batch.pending.result = result;
+	batch.pending.event_id = event_id;
+	fold_outcome(msg);
 }
 
 /*
@@ -654,6 +688,8 @@ obx_inbox_batch_commit(char *errbuf, size_t errlen)
 
 		for (p = batch.parts; p != NULL; p = p->next)
 			write_progress(p);
+		batch.subxids = MyProc->subxidStatus.count;
+		batch.subxids_overflowed = MyProc->subxidStatus.overflowed;
 		SPI_finish();
 		PopActiveSnapshot();
 		CommitTransactionCommand();
@@ -669,6 +705,21 @@ obx_inbox_batch_commit(char *errbuf, size_t errlen)
 	MemoryContextSwitchTo(batch.cxt);
 	batch.parts = NULL;
 	return ok;
+}
+
+/*
+ * obx_inbox_batch_subxids
+ *		How many subtransaction ids the last committed batch's transaction
+ *		took (the groups', the lone messages', and those of handlers with
+ *		exception blocks that wrote), as far as the backend's cache of them
+ *		counts (PGPROC_MAX_CACHED_SUBXIDS); *overflowed says that there were
+ *		more.
+ */
+int
+obx_inbox_batch_subxids(bool *overflowed)
+{
+	*overflowed = batch.subxids_overflowed;
+	return batch.subxids;
 }
 
 /*

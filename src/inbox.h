@@ -68,9 +68,28 @@ typedef enum ObxInboxResult
 /* A batch: one transaction, each message in a subtransaction of its own. */
 extern bool obx_inbox_batch_begin(const ObxSubscription *sub,
 								  char *errbuf, size_t errlen);
+/*
+ * The error a message's handler raised while it was applied in a group
+ * (obx_inbox_apply_group), for obx_inbox_apply to act on without calling
+ * the handler again.
+ */
+typedef struct ObxInboxFailure
+{
+	ErrorData *error; /* NULL: none */
+	bool timed_out;   /* the handler ran past its timeout */
+} ObxInboxFailure;
+
 extern ObxInboxResult obx_inbox_apply(const ObxInbound *msg,
+									  const ObxInboxFailure *known,
 									  char *errbuf, size_t errlen);
+extern void obx_inbox_count(const ObxInbound *msg, ObxInboxResult result,
+							const char *event_id);
+
+/* inbox_group.c */
+extern int obx_inbox_apply_group(const ObxInbound **msgs, int n,
+								 ObxInboxFailure *failure);
 extern bool obx_inbox_batch_commit(char *errbuf, size_t errlen);
+extern int obx_inbox_batch_subxids(bool *overflowed);
 
 /* Each call is one transaction of its own. */
 extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
