@@ -10,9 +10,10 @@
  * A batch: up to obx.consumer_batch_size messages, gathered for at most
  * obx.consumer_batch_time with polls that do not wait (only what
  * librdkafka has already fetched; no transaction is open meanwhile).  Then
- * one transaction applies them in the order they came, each message in a
- * subtransaction of its own (inbox.c), and commits; then the offset past
- * the last applied message of each partition is stored.
+ * one transaction applies them in the order they came, in groups that each
+ * take one subtransaction (inbox_group.c), a message that a group cannot
+ * take in a subtransaction of its own (inbox.c), and commits; then the
+ * offset past the last applied message of each partition is stored.
  *
  * Offsets: enable.auto.offset.store is off; the worker stores offset + 1
  * after the commit, and librdkafka's auto commit sends stored offsets to
@@ -63,12 +64,12 @@
 #include "handler.h"
 #include "inbox.h"
 #include "consumer_group.h"
+#include "held.h"
 #include "worker.h"
 
 /* Messages handled per consumer (whole batches) before the others get a turn. */
 #define OBX_CONSUMER_FAIRNESS     200
 #define OBX_WATERMARK_INTERVAL_MS 1000
-#define OBX_SEEK_TIMEOUT_MS       5000
 
 /*
  * Subtransaction ids a batch's transaction should take at most: fewer than
@@ -77,18 +78,6 @@
  * pg_subtrans while the batch runs, a slowdown for the whole server.
  */
 #define OBX_BATCH_SUBXIDS 48
-
-/* A partition held back by a transient failure. */
-typedef struct HeldPartition
-{
-	char *topic;
-	int32 partition;
-	int64 offset;          /* the failed message: next to handle */
-	int attempts;          /* consecutive transient failures */
-	TimestampTz resume_at; /* 0 once resumed, waiting for the message */
-	bool taken;            /* the message is in the batch being gathered */
-	struct HeldPartition *next;
-} HeldPartition;
 
 /*
  * Everything the consumer worker keeps between two passes of its loop.
@@ -128,105 +117,13 @@ typedef struct Batch
 	BatchPart *parts;
 } Batch;
 
-int obx_consumer_batch_size = 50;
+int obx_consumer_batch_size = 500;
 int obx_consumer_batch_time_ms = 5;
-
-static HeldPartition *
-find_held(ObxConsumer *c, const char *topic, int32 partition)
-{
-	HeldPartition *h;
-
-	for (h = c->held; h != NULL; h = h->next)
-		if (h->partition == partition && strcmp(h->topic, topic) == 0)
-			return h;
-	return NULL;
-}
-
-static void
-release_held(ObxConsumer *c, HeldPartition *h)
-{
-	HeldPartition **p;
-
-	for (p = &c->held; *p != NULL; p = &(*p)->next)
-		if (*p == h)
-		{
-			*p = h->next;
-			pfree(h->topic);
-			pfree(h);
-			return;
-		}
-}
-
-static rd_kafka_topic_partition_list_t *
-one_partition(const char *topic, int32 partition, int64 offset)
-{
-	rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(1);
-
-	rd_kafka_topic_partition_list_add(list, topic, partition)->offset = offset;
-	return list;
-}
-
-/*
- * Stop fetching the partition and move its position back to the message
- * that must come next.
- */
-static void
-hold_back(ObxConsumer *c, HeldPartition *h)
-{
-	rd_kafka_topic_partition_list_t *list = one_partition(h->topic, h->partition,
-														  h->offset);
-	rd_kafka_error_t *error;
-
-	rd_kafka_pause_partitions(c->rk, list);
-	error = rd_kafka_seek_partitions(c->rk, list, OBX_SEEK_TIMEOUT_MS);
-	if (error != NULL)
-	{
-		/*
-		 * The partition is not ours any more (a rebalance): whoever gets it
-		 * starts from the committed offset, which is not past this message.
-		 */
-		ereport(LOG,
-				(errmsg("obx consumer %d, consumer group \"%s\": could not seek topic \"%s\" partition %d to offset %lld: %s",
-						state.w.number, c->sub.name, h->topic, h->partition,
-						(long long) h->offset, rd_kafka_error_string(error))));
-		rd_kafka_error_destroy(error);
-	}
-	rd_kafka_topic_partition_list_destroy(list);
-}
-
-static long
-backoff_ms(int attempts)
-{
-	long ms = obx_backoff_min_ms;
-
-	while (--attempts > 0 && ms < obx_backoff_max_ms)
-		ms *= 2;
-	return Min(ms, obx_backoff_max_ms);
-}
-
-/* Resume the held partitions whose backoff has passed. */
-static void
-resume_due(ObxConsumer *c, TimestampTz now)
-{
-	HeldPartition *h;
-
-	for (h = c->held; h != NULL; h = h->next)
-	{
-		rd_kafka_topic_partition_list_t *list;
-
-		if (h->resume_at == 0 || now < h->resume_at)
-			continue;
-		h->resume_at = 0;
-		list = one_partition(h->topic, h->partition, h->offset);
-		rd_kafka_resume_partitions(c->rk, list);
-		rd_kafka_topic_partition_list_destroy(list);
-	}
-}
 
 static void
 store_offset(ObxConsumer *c, const char *topic, int32 partition, int64 offset)
 {
-	rd_kafka_topic_partition_list_t *list = one_partition(topic, partition, offset);
+	rd_kafka_topic_partition_list_t *list = obx_one_partition(topic, partition, offset);
 	rd_kafka_resp_err_t err = rd_kafka_offsets_store(c->rk, list);
 
 	/* Not ours any more after a rebalance: the next owner re-reads it. */
@@ -287,31 +184,6 @@ inbound_message(ObxConsumer *c, rd_kafka_message_t *m, ObxInbound *in)
 }
 
 /*
- * A transient failure: hold the message's partition back (h, or a new held
- * partition) for a backoff, with its position on the message.
- */
-static void
-hold_for_retry(ObxConsumer *c, HeldPartition *h, const ObxInbound *in,
-			   const char *error)
-{
-	if (h == NULL)
-	{
-		h = MemoryContextAllocZero(c->cxt, sizeof(HeldPartition));
-		h->topic = MemoryContextStrdup(c->cxt, in->topic);
-		h->partition = in->partition;
-		h->next = c->held;
-		c->held = h;
-	}
-	h->offset = in->offset;
-	h->attempts++;
-	h->taken = false;
-	hold_back(c, h);
-	h->resume_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-											   backoff_ms(h->attempts));
-	obx_inbox_note_retry(in, error);
-}
-
-/*
  * Record the low and high watermarks of the consumer's partitions (from
  * librdkafka's cache, no network round trip) when they have changed.
  */
@@ -361,33 +233,6 @@ record_watermarks(ObxConsumer *c, TimestampTz now)
 }
 
 /*
- * Whether a message polled for c goes into the batch.  A message of a held
- * partition, or past the held message, was fetched before the seek: every
- * message before the held one has been handled, so dropping it loses
- * nothing, and the held message must come first.  The messages after the
- * held one in the same batch follow it.
- */
-static bool
-take_message(ObxConsumer *c, rd_kafka_message_t *m)
-{
-	HeldPartition *h = find_held(c, rd_kafka_topic_name(m->rkt), m->partition);
-
-	if (h == NULL || h->taken)
-		return true;
-	if (h->resume_at != 0 || m->offset > h->offset)
-	{
-		if (h->resume_at == 0)
-		{
-			hold_back(c, h);
-			h->resume_at = GetCurrentTimestamp();
-		}
-		return false;
-	}
-	h->taken = (m->offset == h->offset);
-	return true;
-}
-
-/*
  * Gather the messages ready for c into b: up to obx.consumer_batch_size,
  * for at most obx.consumer_batch_time, without waiting for the network.
  * Returns how many messages or events were polled.
@@ -414,7 +259,7 @@ gather_batch(ObxConsumer *c, Batch *b)
 		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 			obx_consumer_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
 												 rd_kafka_message_errstr(m)));
-		if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && take_message(c, m))
+		if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && obx_held_take(c, m))
 			b->msgs[b->n++] = m;
 		else
 			rd_kafka_message_destroy(m);
@@ -544,18 +389,18 @@ settle_batch(Batch *b, bool committed, const char *error)
 
 	for (p = b->parts; p != NULL; p = p->next)
 	{
-		HeldPartition *h = find_held(b->c, p->topic, p->partition);
+		HeldPartition *h = obx_held_find(b->c, p->topic, p->partition);
 		int retry = !committed ? p->first : p->failed;
 
 		if (committed && p->done >= 0)
 			store_offset(b->c, p->topic, p->partition, p->done + 1);
 		if (h != NULL && (retry < 0 || b->in[retry].offset != h->offset))
 		{
-			release_held(b->c, h);
+			obx_held_release(b->c, h);
 			h = NULL;
 		}
 		if (retry >= 0)
-			hold_for_retry(b->c, h, &b->in[retry],
+			obx_held_retry(b->c, h, &b->in[retry],
 						   committed ? p->error : error);
 	}
 }
@@ -633,7 +478,7 @@ serve_consumers(void)
 
 		if (c->rk == NULL)
 			continue;
-		resume_due(c, now);
+		obx_held_resume_due(c, now);
 		while (mine < OBX_CONSUMER_FAIRNESS && !ShutdownRequestPending)
 		{
 			int n = serve_batch(c);
@@ -646,20 +491,6 @@ serve_consumers(void)
 		record_watermarks(c, now);
 	}
 	return served;
-}
-
-/* Until the earliest held partition is due, at most timeout_ms. */
-static long
-next_wakeup_ms(long timeout_ms)
-{
-	ObxConsumer *c;
-	HeldPartition *h;
-
-	for (c = obx_consumers(); c != NULL; c = c->next)
-		for (h = c->held; h != NULL; h = h->next)
-			if (h->resume_at != 0)
-				timeout_ms = Min(timeout_ms, obx_ms_until(h->resume_at));
-	return Max(timeout_ms, 1);
 }
 
 /* Sleep on the latch and the consumers' pipe, then empty the pipe. */
@@ -758,8 +589,8 @@ obx_consumer_main(Datum main_arg)
 			continue;
 		obx_worker_housekeeping(&state.w);
 		if (serve_consumers() == 0)
-			wait_for_messages(next_wakeup_ms(Min(obx_poll_interval_ms,
-												 OBX_WATERMARK_INTERVAL_MS)));
+			wait_for_messages(obx_held_next_wakeup_ms(Min(obx_poll_interval_ms,
+														  OBX_WATERMARK_INTERVAL_MS)));
 	}
 
 	obx_consumers_stop_all();

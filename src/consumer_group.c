@@ -186,6 +186,13 @@ obx_consumers_init(int worker, int fd)
 	signal_fd = fd;
 }
 
+/* The number of the consumer worker this is. */
+int
+obx_consumers_worker(void)
+{
+	return my_worker;
+}
+
 /* The running consumers, a list linked through next. */
 ObxConsumer *
 obx_consumers(void)

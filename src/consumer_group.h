@@ -13,6 +13,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "obx.h"
+#include "inbox.h"
 
 /*
  * One subscription's Kafka consumer.  rk is NULL when it could not be
@@ -25,13 +26,14 @@ typedef struct ObxConsumer
 	MemoryContext cxt;
 	rd_kafka_t *rk;
 	rd_kafka_queue_t *queue;
-	struct HeldPartition *held; /* see consumer.c, allocated in cxt */
+	struct HeldPartition *held; /* see held.c, allocated in cxt */
 	TimestampTz next_watermarks;
 	int64 watermarks_sum; /* of the last recorded watermarks */
 	struct ObxConsumer *next;
 } ObxConsumer;
 
 extern void obx_consumers_init(int worker, int signal_fd);
+extern int obx_consumers_worker(void);
 extern ObxConsumer *obx_consumers(void);
 extern void obx_consumers_refresh(MemoryContext scratch);
 extern void obx_consumers_stop_all(void);

@@ -2,21 +2,24 @@
  *
  * inbox.c
  *	  The statements the consumer worker runs on Kafka messages: the one
- *	  transaction per batch of messages, in which each message's
+ *	  transaction per batch of messages; a message applied alone, whose
  *	  subtransaction marks the event processed and calls the subscription's
  *	  handler, or quarantines the message as a dead letter; the progress
  *	  rows; retries and watermarks.
  *
  * A batch of messages is one transaction (obx_inbox_batch_begin,
- * obx_inbox_batch_commit); each message is a subtransaction of its own in
- * it (obx_inbox_apply):
+ * obx_inbox_batch_commit).  Most of its messages are applied in groups
+ * (inbox_group.c); a message a group cannot take is applied alone, in a
+ * subtransaction of its own (obx_inbox_apply):
  *	  1. the event, built from the message (inbound.c); a message without an
  *		 event id or a JSON payload is malformed and becomes a dead letter;
  *	  2. the mark in obx.processed_events, as obx.mark_processed records
  *		 it (mark_sql); an existing mark means a duplicate, and
  *		 the handler is not called (a duplicate within the batch included:
  *		 the mark of an earlier message is already in the transaction);
- *	  3. the handler, as the subscription's owner (handler.c).
+ *	  3. the handler, as the subscription's owner (handler.c), unless the
+ *		 message's group already met its error (ObxInboxFailure): then that
+ *		 error is the handler's, without a second call.
  * A handler error rolls the message's subtransaction back, mark and
  * effects included.  Of a transient class (is_transient), the message is
  * retried; any other handler error is a dead letter, recorded with the
@@ -50,48 +53,21 @@
 #include "worker.h"
 #include "handler.h"
 #include "inbound.h"
+#include "progress.h"
 
 static SPIPlanPtr mark_plan = NULL;
-static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr dead_letter_plan = NULL;
-static SPIPlanPtr retry_plan = NULL;
-
-/* What one message did, kept until its subtransaction is released. */
-typedef struct Outcome
-{
-	ObxInboxResult result;
-	const char *event_id;
-	const char *error_class;
-	const char *error;
-} Outcome;
-
-/* Per partition, what the open batch applied: one progress row each. */
-typedef struct BatchPartition
-{
-	char *topic;
-	int32 partition;
-	int64 next_offset;
-	int64 processed;
-	int64 duplicates;
-	int64 dead_lettered;
-	char *last_event_id;
-	char *error_class;
-	char *error;
-	struct BatchPartition *next;
-} BatchPartition;
 
 /*
- * The open batch: its partitions, allocated in cxt (the caller's, which
- * outlives every subtransaction), and the outcome of the message being
- * applied.  apply_cxt holds one message's allocations and is reset for
+ * The open batch: its memory context (the caller's, which outlives every
+ * subtransaction), and the outcome of the message being applied.  apply_cxt holds one message's allocations and is reset for
  * the next.
  */
 static struct
 {
 	MemoryContext cxt;
 	const ObxSubscription *sub;
-	BatchPartition *parts;
-	Outcome pending;
+	ObxOutcome pending;
 	MemoryContext apply_cxt;
 	int subxids; /* the last batch's, see obx_inbox_batch_subxids */
 	bool subxids_overflowed;
@@ -107,24 +83,6 @@ static const char *mark_sql =
 	"INSERT INTO obx.processed_events (consumer_name, event_id)"
 	" VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
-static const char *progress_sql =
-	"INSERT INTO obx.consumer_partitions AS p"
-	"   (consumer_name, topic, kafka_partition, next_offset, processed,"
-	"    duplicates, dead_lettered, last_event_id, last_processed_at,"
-	"    last_error_class, last_error, last_error_at)"
-	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, pg_catalog.now(), $9, $10,"
-	"         CASE WHEN $10 IS NOT NULL THEN pg_catalog.now() END)"
-	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
-	"   SET next_offset = excluded.next_offset,"
-	"       processed = p.processed + excluded.processed,"
-	"       duplicates = p.duplicates + excluded.duplicates,"
-	"       dead_lettered = p.dead_lettered + excluded.dead_lettered,"
-	"       last_event_id = coalesce(excluded.last_event_id, p.last_event_id),"
-	"       last_processed_at = excluded.last_processed_at,"
-	"       last_error_class = coalesce(excluded.last_error_class, p.last_error_class),"
-	"       last_error = coalesce(excluded.last_error, p.last_error),"
-	"       last_error_at = coalesce(excluded.last_error_at, p.last_error_at)";
-
 static const char *dead_letter_sql =
 	"INSERT INTO obx.dead_letters"
 	"   (consumer_name, event_id, topic, kafka_partition, kafka_offset,"
@@ -132,15 +90,6 @@ static const char *dead_letter_sql =
 	"    error_class, error_sqlstate, error_message)"
 	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
 	" ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING";
-
-static const char *retry_sql =
-	"INSERT INTO obx.consumer_partitions AS p"
-	"   (consumer_name, topic, kafka_partition, retries,"
-	"    last_error_class, last_error, last_error_at)"
-	" VALUES ($1, $2, $3, 1, 'transient', $4, pg_catalog.now())"
-	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
-	"   SET retries = p.retries + 1, last_error_class = 'transient',"
-	"       last_error = excluded.last_error, last_error_at = pg_catalog.now()";
 
 /* This file's statements, prepared once per process and kept (SPI_keepplan). */
 static void
@@ -154,22 +103,11 @@ inbox_prepare_plans(void)
 		mark_plan = obx_prepare_kept(mark_sql, 2, types);
 	}
 	{
-		Oid types[] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID,
-					   INT8OID, TEXTOID, TEXTOID, TEXTOID};
-
-		progress_plan = obx_prepare_kept(progress_sql, 10, types);
-	}
-	{
 		Oid types[] = {TEXTOID, TEXTOID, TEXTOID, INT4OID, INT8OID, TEXTOID,
 					   TEXTOID, JSONBOID, JSONBOID, BYTEAOID, TIMESTAMPTZOID,
 					   TEXTOID, TEXTOID, TEXTOID};
 
 		dead_letter_plan = obx_prepare_kept(dead_letter_sql, 14, types);
-	}
-	{
-		Oid types[] = {TEXTOID, TEXTOID, INT4OID, TEXTOID};
-
-		retry_plan = obx_prepare_kept(retry_sql, 4, types);
 	}
 }
 
@@ -453,67 +391,6 @@ retry_after_obx_error(const ObxInbound *msg, char *errbuf, size_t errlen)
 	FreeErrorData(edata);
 }
 
-static char *
-copy_or_null(const char *s)
-{
-	return s == NULL ? NULL : MemoryContextStrdup(batch.cxt, s);
-}
-
-/* Count the outcome of a message whose subtransaction was released. */
-static void
-fold_outcome(const ObxInbound *msg)
-{
-	BatchPartition *p;
-
-	for (p = batch.parts; p != NULL; p = p->next)
-		if (p->partition == msg->partition && strcmp(p->topic, msg->topic) == 0)
-			break;
-	if (p == NULL)
-	{
-		p = MemoryContextAllocZero(batch.cxt, sizeof(BatchPartition));
-		p->topic = MemoryContextStrdup(batch.cxt, msg->topic);
-		p->partition = msg->partition;
-		p->next = batch.parts;
-		batch.parts = p;
-	}
-	p->next_offset = msg->offset + 1;
-	p->processed += batch.pending.result == OBX_INBOX_PROCESSED;
-	p->duplicates += batch.pending.result == OBX_INBOX_DUPLICATE;
-	p->dead_lettered += batch.pending.result == OBX_INBOX_DEAD_LETTER;
-	if (batch.pending.event_id != NULL)
-		p->last_event_id = copy_or_null(batch.pending.event_id);
-	if (batch.pending.error != NULL)
-	{
-		p->error_class = copy_or_null(batch.pending.error_class);
-		p->error = copy_or_null(batch.pending.error);
-	}
-}
-
-/* One partition's row in obx.consumer_partitions, for the whole batch. */
-static void
-write_progress(const BatchPartition *p)
-{
-	Datum values[10];
-	char nulls[10];
-	int rc;
-
-	memset(nulls, ' ', sizeof(nulls));
-	values[0] = CStringGetTextDatum(batch.sub->name);
-	values[1] = CStringGetTextDatum(p->topic);
-	values[2] = Int32GetDatum(p->partition);
-	values[3] = Int64GetDatum(p->next_offset);
-	values[4] = Int64GetDatum(p->processed);
-	values[5] = Int64GetDatum(p->duplicates);
-	values[6] = Int64GetDatum(p->dead_lettered);
-	values[7] = text_or_null(p->last_event_id, &nulls[7]);
-	values[8] = text_or_null(p->error_class, &nulls[8]);
-	values[9] = text_or_null(p->error, &nulls[9]);
-	rc = SPI_execute_plan(progress_plan, values, nulls, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "obx could not record consumer progress: %s",
-			 SPI_result_code_string(rc));
-}
-
 /* In a PG_CATCH around the batch's own steps: roll it all back. */
 static void
 abort_batch(char *errbuf, size_t errlen)
@@ -547,7 +424,7 @@ obx_inbox_batch_begin(const ObxSubscription *sub, char *errbuf, size_t errlen)
 
 	batch.cxt = CurrentMemoryContext;
 	batch.sub = sub;
-	batch.parts = NULL;
+	obx_progress_begin(sub->name);
 	batch.subxids = 0;
 	batch.subxids_overflowed = false;
 	if (batch.apply_cxt == NULL)
@@ -651,7 +528,7 @@ obx_inbox_apply(const ObxInbound *msg, const ObxInboxFailure *known,
 	}
 	MemoryContextSwitchTo(batch.cxt);
 	if (result != OBX_INBOX_RETRY)
-		fold_outcome(msg);
+		obx_progress_count(msg, &batch.pending);
 	return result;
 }
 
@@ -667,7 +544,7 @@ obx_inbox_count(const ObxInbound *msg, ObxInboxResult result, const char *event_
 	memset(&batch.pending, 0, sizeof(batch.pending));
 	batch.pending.result = result;
 	batch.pending.event_id = event_id;
-	fold_outcome(msg);
+	obx_progress_count(msg, &batch.pending);
 }
 
 /*
@@ -684,10 +561,7 @@ obx_inbox_batch_commit(char *errbuf, size_t errlen)
 	errbuf[0] = '\0';
 	PG_TRY();
 	{
-		BatchPartition *p;
-
-		for (p = batch.parts; p != NULL; p = p->next)
-			write_progress(p);
+		obx_progress_write();
 		batch.subxids = MyProc->subxidStatus.count;
 		batch.subxids_overflowed = MyProc->subxidStatus.overflowed;
 		SPI_finish();
@@ -703,7 +577,6 @@ obx_inbox_batch_commit(char *errbuf, size_t errlen)
 	pgstat_report_stat(false);
 	pgstat_report_activity(STATE_IDLE, NULL);
 	MemoryContextSwitchTo(batch.cxt);
-	batch.parts = NULL;
 	return ok;
 }
 
@@ -720,28 +593,4 @@ obx_inbox_batch_subxids(bool *overflowed)
 {
 	*overflowed = batch.subxids_overflowed;
 	return batch.subxids;
-}
-
-/*
- * obx_inbox_note_retry
- *		Count a transient failure of a message and keep its error, in a
- *		transaction of its own (the message's was rolled back).
- */
-void
-obx_inbox_note_retry(const ObxInbound *msg, const char *error)
-{
-	MemoryContext caller = obx_step_begin("obx: recording a consumer retry");
-	Datum values[4];
-	int rc;
-
-	inbox_prepare_plans();
-	values[0] = CStringGetTextDatum(msg->sub->name);
-	values[1] = CStringGetTextDatum(msg->topic);
-	values[2] = Int32GetDatum(msg->partition);
-	values[3] = CStringGetTextDatum(error);
-	rc = SPI_execute_plan(retry_plan, values, NULL, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "obx could not record a consumer retry: %s",
-			 SPI_result_code_string(rc));
-	obx_step_end(caller);
 }

@@ -92,6 +92,7 @@ extern bool obx_inbox_batch_commit(char *errbuf, size_t errlen);
 extern int obx_inbox_batch_subxids(bool *overflowed);
 
 /* Each call is one transaction of its own. */
+/* progress.c */
 extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
 
 #endif /* OBX_INBOX_H */

@@ -54,7 +54,7 @@ int obx_dead_letter_retention_s = 14 * 24 * 3600;
 int obx_max_payload_size = 900000;
 bool obx_quarantine_blocks_key = true;
 int obx_shutdown_timeout_ms = 5000;
-int obx_consumer_workers = 1;
+int obx_consumer_workers = 2;
 char *obx_consumer_database = NULL;
 bool obx_warn_without_relay = true;
 
@@ -206,7 +206,7 @@ define_worker_gucs(void)
 								"subscription share its partitions as one Kafka "
 								"consumer group.",
 								&obx_consumer_workers,
-								1, 0, OBX_MAX_WORKERS,
+								2, 0, OBX_MAX_WORKERS,
 								PGC_POSTMASTER, 0,
 								NULL, NULL, NULL);
 	}
@@ -351,10 +351,10 @@ define_consumer_gucs(void)
 	DefineCustomIntVariable("obx.consumer_batch_size",
 							"Most Kafka messages a consumer worker applies in "
 							"one transaction.",
-							"Each message runs in a subtransaction of its own; "
-							"1 gives one transaction per message.",
+							"Messages are applied in groups, each group in a "
+							"subtransaction; 1 gives one transaction per message.",
 							&obx_consumer_batch_size,
-							50, 1, 10000,
+							500, 1, 10000,
 							PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
 
