@@ -97,7 +97,8 @@ CREATE TABLE bench.consumer_effects (
 	topic				text		NOT NULL,
 	kafka_timestamp		timestamptz,
 	applied_at			timestamptz NOT NULL DEFAULT clock_timestamp(),
-	xid					xid8
+	xid					xid8,
+	backend_pid			integer		NOT NULL DEFAULT pg_backend_pid()
 );
 
 CREATE FUNCTION bench.apply_order(e obx.inbound_event) RETURNS void
