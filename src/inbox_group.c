@@ -52,7 +52,7 @@ static SPIPlanPtr group_mark_plan = NULL;
 
 static const char *group_mark_sql =
 	"INSERT INTO obx.processed_events (consumer_name, event_id)"
-	" SELECT $1, i FROM pg_catalog.unnest($2) i ORDER BY i COLLATE \"C\""
+	" SELECT $1, i FROM pg_catalog.unnest($2) i ORDER BY i COLLATE pg_catalog.\"C\""
 	" ON CONFLICT DO NOTHING RETURNING event_id";
 
 /*
