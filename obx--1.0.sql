@@ -489,6 +489,18 @@ AS 'MODULE_PATHNAME', 'obx_subscription_kafka_properties'
 LANGUAGE C IMMUTABLE STRICT;
 
 /*
+ * What is wrong with the value a subscription gives an allowed Kafka
+ * property, as {message, hint} (hint may be NULL), or NULL: a fetch or
+ * queue size over librdkafka's default (a subscription may lower them, not
+ * raise them), or a value librdkafka refuses.  Granted to nobody: the
+ * functions below run as the extension owner.
+ */
+CREATE FUNCTION obx._kafka_value_problem(name text, value text)
+RETURNS text[]
+AS 'MODULE_PATHNAME', 'obx_subscription_kafka_value_problem'
+LANGUAGE C IMMUTABLE STRICT;
+
+/*
  * What is wrong with subscription options, as {sqlstate, message, hint}
  * (hint may be NULL), or NULL when they are fine.  obx.subscribe raises
  * it; the consumer workers and obx.consumers report it for a row that
@@ -502,6 +514,7 @@ AS $$
 DECLARE
 	opt record;
 	bad text;
+	problem text[];
 BEGIN
 	IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
 		RETURN ARRAY['22023', 'obx subscription options must be a JSON object', NULL];
@@ -523,6 +536,13 @@ BEGIN
 					'A subscription may set consumer tuning properties only (obx.subscription_kafka_properties() lists them). '
 					'Connection, security, plugin and file properties are set by a superuser, '
 					'in obx.kafka_properties or obx.kafka_properties_file.'];
+			END IF;
+			SELECT p INTO problem
+			  FROM jsonb_each_text(opt.value) k, obx._kafka_value_problem(k.key, k.value) p
+			 WHERE p IS NOT NULL
+			 ORDER BY k.key LIMIT 1;
+			IF problem IS NOT NULL THEN
+				RETURN ARRAY['22023', problem[1], problem[2]];
 			END IF;
 		ELSIF opt.key = 'start' THEN
 			IF opt.value NOT IN ('"earliest"', '"latest"') THEN

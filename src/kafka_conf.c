@@ -37,10 +37,12 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "storage/fd.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 
@@ -95,6 +97,98 @@ obx_kafka_subscription_property_allowed(const char *name)
 		if (strcmp(name, subscription_properties[i]) == 0)
 			return true;
 	return false;
+}
+
+/*
+ * Of the allowed properties, those that size what a subscription's consumer
+ * holds in the worker's memory, and the most a subscription may set them
+ * to: librdkafka's defaults.  A subscription may lower them, never raise
+ * them: a role allowed to subscribe could otherwise make every consumer
+ * worker pre-fetch up to 2 GB for each of its subscriptions.  A superuser
+ * raises them for every consumer in obx.kafka_properties.
+ */
+static const struct
+{
+	const char *name;
+	int64 max;
+} subscription_maxima[] = {
+	{"fetch.max.bytes", 52428800},
+	{"fetch.message.max.bytes", 1048576},
+	{"max.partition.fetch.bytes", 1048576},
+	{"queued.max.messages.kbytes", 65536},
+	{"queued.min.messages", 100000},
+};
+
+/*
+ * obx_kafka_subscription_value_problem
+ *		What is wrong with the value a subscription gives an allowed
+ *		property, as a message and a hint, or false when nothing is:
+ *		over its maximum (subscription_maxima), or refused by librdkafka.
+ *		The number is read as librdkafka reads it (strtol, any base).
+ */
+bool
+obx_kafka_subscription_value_problem(const char *name, const char *value,
+									 char **message, char **hint)
+{
+	rd_kafka_conf_t *conf;
+	char err[256];
+	int i;
+
+	for (i = 0; i < lengthof(subscription_maxima); i++)
+	{
+		char *end;
+		long long v;
+
+		if (strcmp(name, subscription_maxima[i].name) != 0)
+			continue;
+		errno = 0;
+		v = strtoll(value, &end, 0);
+		if (end != value && (errno == ERANGE || v > subscription_maxima[i].max))
+		{
+			*message = psprintf("Kafka property \"%s\" of an obx subscription may be at most %lld, not %s",
+								name, (long long) subscription_maxima[i].max, value);
+			*hint = pstrdup("A subscription may lower the fetch and queue sizes below librdkafka's defaults, not raise them; "
+							"a superuser raises them for every consumer in obx.kafka_properties.");
+			return true;
+		}
+	}
+	conf = rd_kafka_conf_new();
+	if (rd_kafka_conf_set(conf, name, value, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+	{
+		*message = psprintf("Kafka property \"%s\" of an obx subscription: %s", name, err);
+		*hint = NULL;
+		rd_kafka_conf_destroy(conf);
+		return true;
+	}
+	rd_kafka_conf_destroy(conf);
+	return false;
+}
+
+PG_FUNCTION_INFO_V1(obx_subscription_kafka_value_problem);
+
+/*
+ * obx._kafka_value_problem(name text, value text) RETURNS text[]:
+ * {message, hint} of obx_kafka_subscription_value_problem, or NULL.
+ */
+Datum
+obx_subscription_kafka_value_problem(PG_FUNCTION_ARGS)
+{
+	char *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	char *value = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	char *message;
+	char *hint;
+	Datum elems[2];
+	bool nulls[2] = {false, false};
+	int dims[1] = {2};
+	int lbs[1] = {1};
+
+	if (!obx_kafka_subscription_value_problem(name, value, &message, &hint))
+		PG_RETURN_NULL();
+	elems[0] = CStringGetTextDatum(message);
+	elems[1] = hint ? CStringGetTextDatum(hint) : (Datum) 0;
+	nulls[1] = (hint == NULL);
+	PG_RETURN_ARRAYTYPE_P(construct_md_array(elems, nulls, 1, dims, lbs, TEXTOID,
+											 -1, false, TYPALIGN_INT));
 }
 
 /*

@@ -7,7 +7,8 @@
 # into the server) and metadata.broker.list (an alias of
 # bootstrap.servers, which would send obx.kafka_properties' credentials to
 # the subscriber's host) are refused by obx.subscribe, naming the
-# property.  Then the same options written straight into obx.subscriptions
+# property; so is a queue size over librdkafka's default (every consumer
+# worker would pre-fetch 2 GB for the subscription).  Then the same options written straight into obx.subscriptions
 # (as only a superuser can) are refused again by the consumer worker: it
 # reports each such subscription and skips it, while a good subscription
 # created in the same transaction is consumed.  No file appears, the
@@ -57,9 +58,13 @@ my %attacks = (
 	'kinit' => qq{{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "GSSAPI",
 		"sasl.kerberos.kinit.cmd": "touch $owned"}},
 	'plugin' => qq{{"plugin.library.paths": "$dir/evil.so"}},
-	'alias' => qq{{"metadata.broker.list": "127.0.0.1:$port"}});
+	'alias' => qq{{"metadata.broker.list": "127.0.0.1:$port"}},
+	'memory' => qq{{"queued.max.messages.kbytes": "2097151"}});
 my %property = (kinit => 'sasl.kerberos.kinit.cmd', plugin => 'plugin.library.paths',
-	alias => 'metadata.broker.list');
+	alias => 'metadata.broker.list', memory => 'queued.max.messages.kbytes');
+my %refusal = map { $_ => qq{Kafka property "$property{$_}" cannot be set by an obx subscription} }
+  qw(kinit plugin alias);
+$refusal{memory} = qq{Kafka property "queued.max.messages.kbytes" of an obx subscription may be at most 65536, not 2097151};
 for my $name (sort keys %attacks)
 {
 	my ($rc, $out, $err) = $node->psql('postgres', qq{
@@ -67,8 +72,7 @@ for my $name (sort keys %attacks)
 		SELECT obx.subscribe('evil-$name', ARRAY['$topic'],
 			'shop.record(obx.inbound_event)', '{"kafka": $attacks{$name}}')});
 	isnt($rc, 0, "obx.subscribe refuses the $name option");
-	like($err, qr/Kafka property "\Q$property{$name}\E" cannot be set by an obx subscription/,
-		"the error names $property{$name}");
+	like($err, qr/\Q$refusal{$name}\E/, "the error names $property{$name}");
 	like($err, qr/obx\.kafka_properties/, 'and says where such properties belong');
 }
 is(q1('SELECT count(*) FROM obx.subscriptions'), '0', 'no subscription was made');
@@ -80,7 +84,7 @@ q1(qq{
 	SELECT 'evil-' || a.name, ARRAY['$topic'], 'shop.record(obx.inbound_event)',
 		   jsonb_build_object('kafka', a.kafka::jsonb), 'bob'
 	  FROM (VALUES ('kinit', '$attacks{kinit}'), ('plugin', '$attacks{plugin}'),
-				   ('alias', '$attacks{alias}')) AS a(name, kafka);
+				   ('alias', '$attacks{alias}'), ('memory', '$attacks{memory}')) AS a(name, kafka);
 	SET LOCAL ROLE bob;
 	SELECT obx.subscribe('good', ARRAY['$topic'], 'shop.record(obx.inbound_event)',
 		'{"kafka": {"session.timeout.ms": "6000", "fetch.wait.max.ms": "100"}}');
@@ -99,10 +103,10 @@ is(q1(q{SELECT count(*) FROM obx.processed_events WHERE consumer_name LIKE 'evil
 for my $name (sort keys %attacks)
 {
 	ok($node->wait_for_log(
-		qr/obx subscription "evil-$name" is not consumed: Kafka property "\Q$property{$name}\E" cannot be set by an obx subscription/),
+		qr/obx subscription "evil-$name" is not consumed: \Q$refusal{$name}\E/),
 		"the worker reports evil-$name and skips it");
 	is(q1("SELECT problem FROM obx.consumers WHERE consumer_name = 'evil-$name'"),
-		qq{Kafka property "$property{$name}" cannot be set by an obx subscription},
+		$refusal{$name},
 		"obx.consumers shows why evil-$name is skipped");
 }
 ok(!-e $owned, 'the kinit command never ran: no file appeared');

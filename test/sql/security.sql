@@ -85,6 +85,25 @@ SELECT obx.subscribe('billing', ARRAY['orders.placed.v1'], 'app.steal(obx.inboun
 SELECT obx.subscribe('billing', ARRAY['orders.placed.v1'], 'app.steal(obx.inbound_event)',
        '{"kafka": {"fetch.min.bytes": "1", "sasl.username": "x", "session.timeout.ms": "6000"}}');
 \echo :SQLSTATE
+-- Fetch and queue sizes: a subscription may lower them below librdkafka's
+-- defaults, never raise them (every consumer worker would pre-fetch that
+-- much for it), in whatever base librdkafka reads them.
+SELECT obx.subscribe('billing', ARRAY['orders.placed.v1'], 'app.steal(obx.inbound_event)',
+       '{"kafka": {"queued.max.messages.kbytes": "2097151"}}');
+\echo :SQLSTATE
+SELECT obx.subscribe('billing', ARRAY['orders.placed.v1'], 'app.steal(obx.inbound_event)',
+       '{"kafka": {"fetch.max.bytes": "0x7fffffff"}}');
+\echo :SQLSTATE
+SELECT obx.subscribe('billing', ARRAY['orders.placed.v1'], 'app.steal(obx.inbound_event)',
+       '{"kafka": {"max.partition.fetch.bytes": "1048577"}}');
+\echo :SQLSTATE
+SELECT obx.subscribe('billing', ARRAY['orders.placed.v1'], 'app.steal(obx.inbound_event)',
+       '{"kafka": {"queued.min.messages": "99999999999999999999"}}');
+\echo :SQLSTATE
+-- A value librdkafka refuses is refused now, not by the workers later.
+SELECT obx.subscribe('billing', ARRAY['orders.placed.v1'], 'app.steal(obx.inbound_event)',
+       '{"kafka": {"session.timeout.ms": "soon"}}');
+\echo :SQLSTATE
 RESET ROLE;
 -- A superuser gets the same answer: such properties go in obx.kafka_properties.
 SELECT obx.subscribe('billing', ARRAY['orders.placed.v1'], 'app.handle(obx.inbound_event)',
@@ -99,7 +118,8 @@ SET ROLE regress_bob;
 SELECT obx.subscribe('billing', ARRAY['orders.placed.v1'], 'app.handle(obx.inbound_event)',
        '{"kafka": {"fetch.min.bytes": "1", "fetch.wait.max.ms": "100",
                    "session.timeout.ms": "6000", "isolation.level": "read_committed",
-                   "auto.offset.reset": "earliest", "max.poll.interval.ms": "600000"}}');
+                   "auto.offset.reset": "earliest", "max.poll.interval.ms": "600000",
+                   "queued.max.messages.kbytes": "1024", "fetch.max.bytes": "10485760"}}');
 RESET ROLE;
 SELECT consumer_name, handler, owner, options->'kafka' AS kafka FROM obx.subscriptions;
 SELECT consumer_name, owner FROM obx.consumer_owners;
@@ -199,6 +219,8 @@ INSERT INTO obx.subscriptions (consumer_name, topics, handler, options, owner) V
    '{"retry_sqlstates": {"a": 1}}', 'regress_bob'),
   ('bad-kafka', ARRAY['orders.placed.v1'], 'app.handle(obx.inbound_event)',
    '{"kafka": {"sasl.kerberos.kinit.cmd": "touch /tmp/obx-owned"}}', 'regress_bob'),
+  ('big-queue', ARRAY['orders.placed.v1'], 'app.handle(obx.inbound_event)',
+   '{"kafka": {"queued.max.messages.kbytes": "2000000"}}', 'regress_bob'),
   ('bad-topic', ARRAY['no such topic!'], 'app.handle(obx.inbound_event)', '{}', 'regress_bob'),
   ('bad-options', ARRAY['orders.placed.v1'], 'app.handle(obx.inbound_event)', '[1]', 'regress_bob'),
   ('orphan', ARRAY['orders.placed.v1'], 'app.handle(obx.inbound_event)', '{}', 'regress_gone'),
