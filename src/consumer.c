@@ -322,20 +322,25 @@ remaining_run(Batch *b, int next, int *idx, const ObxInbound **run)
 	return m;
 }
 
-/* Apply message i of b alone; known: its handler's error in a group. */
-static void
+/*
+ * Apply message i of b alone; known: its handler's error in a group.
+ * Returns what became of it.
+ */
+static ObxInboxResult
 apply_alone(Batch *b, int i, const ObxInboxFailure *known,
 			char *errbuf, size_t errlen)
 {
 	BatchPart *p = b->part[i];
+	ObxInboxResult result = obx_inbox_apply(&b->in[i], known, errbuf, errlen);
 
-	if (obx_inbox_apply(&b->in[i], known, errbuf, errlen) == OBX_INBOX_RETRY)
+	if (result == OBX_INBOX_RETRY)
 	{
 		p->failed = i;
 		p->error = pstrdup(errbuf);
 	}
 	else
 		p->done = b->in[i].offset;
+	return result;
 }
 
 /*
@@ -345,6 +350,13 @@ apply_alone(Batch *b, int i, const ObxInboxFailure *known,
  * After a transient failure, no later message of that partition, and
  * after a shutdown request no message at all (the rest is read again).
  * Returns whether the transaction committed.
+ *
+ * A failed group is paid for again (its messages marked and handled up to
+ * the failure, then once more up to it), so after a failure the next
+ * group is no longer than the run that succeeded before it (longest), and
+ * it doubles with every group that succeeds.  After a group that failed
+ * at its first message, messages go alone until one succeeds: a batch
+ * whose every message fails costs what it did before groups.
  */
 static bool
 apply_batch(Batch *b, char *errbuf, size_t errlen)
@@ -352,25 +364,38 @@ apply_batch(Batch *b, char *errbuf, size_t errlen)
 	int *idx = palloc(sizeof(int) * Max(b->n, 1));
 	const ObxInbound **run = palloc(sizeof(ObxInbound *) * Max(b->n, 1));
 	int next = 0;
+	int longest = b->n;
 
 	if (!obx_inbox_batch_begin(&b->c->sub, errbuf, errlen))
 		return false;
 	while (next < b->n && !ShutdownRequestPending)
 	{
-		int m = remaining_run(b, next, idx, run);
+		int left = remaining_run(b, next, idx, run);
+		int m = Min(left, longest);
 		ObxInboxFailure failure;
+		ObxInboxResult result;
 		int applied;
 		int j;
 
-		if (m == 0)
+		if (left == 0)
 			break;
-		applied = obx_inbox_apply_group(run, m, &failure);
+		applied = (m == 0) ? 0 : obx_inbox_apply_group(run, m, &failure);
 		for (j = 0; j < applied; j++)
 			b->part[idx[j]]->done = b->in[idx[j]].offset;
-		if (applied == m)
-			break;
-		apply_alone(b, idx[applied], &failure, errbuf, errlen);
+		if (m > 0 && applied == m)
+		{
+			next = idx[m - 1] + 1;
+			longest = Min(b->n, longest * 2);
+			continue;
+		}
+		result = apply_alone(b, idx[applied], m == 0 ? NULL : &failure,
+							 errbuf, errlen);
 		next = idx[applied] + 1;
+		if (m == 0)
+			longest = (result == OBX_INBOX_PROCESSED ||
+					   result == OBX_INBOX_DUPLICATE);
+		else
+			longest = applied;
 		CHECK_FOR_INTERRUPTS();
 	}
 	return obx_inbox_batch_commit(errbuf, errlen);
