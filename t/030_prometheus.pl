@@ -358,10 +358,13 @@ $node->safe_psql('postgres', "SELECT obx.subscribe('metrics-app', ARRAY['$orders
 $node->safe_psql('postgres', "SELECT obx.enqueue('$orders', 'ord_r', '{\"reject\": true}')");
 ok(all_published($node), 'the rejected order is published');
 my $orders_at_broker = scalar(@{ read_topic($mock, $orders) });
+# Processed and dead-lettered add up to the orders; duplicates are not
+# counted in: with two consumer workers, a rebalance may deliver a message
+# again (its offset commit refused while the group rebalances), and it is
+# then a duplicate.
 $m = wait_metrics('the consumer to apply every order and report no lag', sub {
 	my $m = shift;
 	sum_of($m, 'obx_consumer_partition_processed_total')
-	  + sum_of($m, 'obx_consumer_partition_duplicates_total')
 	  + sum_of($m, 'obx_consumer_partition_dead_lettered_total') == $orders_at_broker
 	  && sum_of($m, 'obx_consumer_partition_lag') == 0
 	  && (sample($m, 'obx_consumer_dead_letters_pending', consumer => 'metrics-app') // -1) == 1 });
