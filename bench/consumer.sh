@@ -198,7 +198,7 @@ bench_consumer()
 	local timeout=${CONSUMER_TIMEOUT:-600} rounds=${CONSUMER_ROUNDS:-3}
 
 	echo
-	echo "== 6. in-database consumer: 1 consumer worker, 4 partitions, $n messages, a handler inserting one row (load average $(machine_load))"
+	echo "== 6. in-database consumer: 4 partitions, $rounds backlogs of $n messages, a handler inserting one row (load average $(machine_load))"
 
 	bench_topic bench.consumer.backlog bench.consumer.latency
 	local workers=()
