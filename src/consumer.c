@@ -243,7 +243,6 @@ gather_batch(ObxConsumer *c, Batch *b)
 	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													obx_consumer_batch_time_ms);
 	int polled = 0;
-
 	int limit = Min(obx_consumer_batch_size, state.batch_limit);
 
 	b->c = c;

@@ -60,8 +60,8 @@ static SPIPlanPtr dead_letter_plan = NULL;
 
 /*
  * The open batch: its memory context (the caller's, which outlives every
- * subtransaction), and the outcome of the message being applied.  apply_cxt holds one message's allocations and is reset for
- * the next.
+ * subtransaction), and the outcome of the message being applied.
+ * apply_cxt holds one message's allocations and is reset for the next.
  */
 static struct
 {
@@ -111,13 +111,6 @@ inbox_prepare_plans(void)
 	}
 }
 
-static Datum
-text_or_null(const char *s, char *null)
-{
-	*null = (s == NULL) ? 'n' : ' ';
-	return s == NULL ? (Datum) 0 : CStringGetTextDatum(s);
-}
-
 /*
  * What the message did, for its partition's row in obx.consumer_partitions:
  * counted once its subtransaction is released (fold_outcome).
@@ -145,12 +138,12 @@ record_dead_letter(const ObxInbound *msg, const ObxInboundEvent *ev,
 
 	memset(nulls, ' ', sizeof(nulls));
 	values[0] = CStringGetTextDatum(msg->sub->name);
-	values[1] = text_or_null(ev->event_id, &nulls[1]);
+	values[1] = obx_text_or_null(ev->event_id, &nulls[1]);
 	values[2] = CStringGetTextDatum(msg->topic);
 	values[3] = Int32GetDatum(msg->partition);
 	values[4] = Int64GetDatum(msg->offset);
-	values[5] = text_or_null(ev->key, &nulls[5]);
-	values[6] = text_or_null(ev->event_type, &nulls[6]);
+	values[5] = obx_text_or_null(ev->key, &nulls[5]);
+	values[6] = obx_text_or_null(ev->event_type, &nulls[6]);
 	values[7] = ev->headers;
 	values[8] = ev->is_json ? ev->payload : (Datum) 0;
 	nulls[8] = ev->is_json ? ' ' : 'n';
@@ -167,7 +160,7 @@ record_dead_letter(const ObxInbound *msg, const ObxInboundEvent *ev,
 	values[10] = TimestampTzGetDatum(msg->timestamp);
 	nulls[10] = msg->timestamp == 0 ? 'n' : ' ';
 	values[11] = CStringGetTextDatum(error_class);
-	values[12] = text_or_null(sqlstate, &nulls[12]);
+	values[12] = obx_text_or_null(sqlstate, &nulls[12]);
 	values[13] = CStringGetTextDatum(error);
 	rc = SPI_execute_plan(dead_letter_plan, values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT)
@@ -541,10 +534,9 @@ obx_inbox_apply(const ObxInbound *msg, const ObxInboxFailure *known,
 void
 obx_inbox_count(const ObxInbound *msg, ObxInboxResult result, const char *event_id)
 {
-	memset(&batch.pending, 0, sizeof(batch.pending));
-	batch.pending.result = result;
-	batch.pending.event_id = event_id;
-	obx_progress_count(msg, &batch.pending);
+	ObxOutcome outcome = {result, event_id, NULL, NULL};
+
+	obx_progress_count(msg, &outcome);
 }
 
 /*

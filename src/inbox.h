@@ -65,9 +65,6 @@ typedef enum ObxInboxResult
 	OBX_INBOX_RETRY        /* transient: rolled back, offset must not move */
 } ObxInboxResult;
 
-/* A batch: one transaction, each message in a subtransaction of its own. */
-extern bool obx_inbox_batch_begin(const ObxSubscription *sub,
-								  char *errbuf, size_t errlen);
 /*
  * The error a message's handler raised while it was applied in a group
  * (obx_inbox_apply_group), for obx_inbox_apply to act on without calling
@@ -79,20 +76,24 @@ typedef struct ObxInboxFailure
 	bool timed_out;   /* the handler ran past its timeout */
 } ObxInboxFailure;
 
+/*
+ * A batch: one transaction; its messages in groups of one subtransaction
+ * each (inbox_group.c), a message a group cannot take in a subtransaction
+ * of its own (inbox.c).
+ */
+extern bool obx_inbox_batch_begin(const ObxSubscription *sub,
+								  char *errbuf, size_t errlen);
+extern int obx_inbox_apply_group(const ObxInbound **msgs, int n,
+								 ObxInboxFailure *failure);
 extern ObxInboxResult obx_inbox_apply(const ObxInbound *msg,
 									  const ObxInboxFailure *known,
 									  char *errbuf, size_t errlen);
 extern void obx_inbox_count(const ObxInbound *msg, ObxInboxResult result,
 							const char *event_id);
-
-/* inbox_group.c */
-extern int obx_inbox_apply_group(const ObxInbound **msgs, int n,
-								 ObxInboxFailure *failure);
 extern bool obx_inbox_batch_commit(char *errbuf, size_t errlen);
 extern int obx_inbox_batch_subxids(bool *overflowed);
 
-/* Each call is one transaction of its own. */
-/* progress.c */
+/* A transaction of its own (progress.c). */
 extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
 
 #endif /* OBX_INBOX_H */

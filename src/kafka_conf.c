@@ -120,15 +120,14 @@ static const struct
 };
 
 /*
- * obx_kafka_subscription_value_problem
- *		What is wrong with the value a subscription gives an allowed
+ * What is wrong with the value a subscription gives an allowed
  *		property, as a message and a hint, or false when nothing is:
  *		over its maximum (subscription_maxima), or refused by librdkafka.
  *		The number is read as librdkafka reads it (strtol, any base).
  */
-bool
-obx_kafka_subscription_value_problem(const char *name, const char *value,
-									 char **message, char **hint)
+static bool
+subscription_value_problem(const char *name, const char *value,
+						   char **message, char **hint)
 {
 	rd_kafka_conf_t *conf;
 	char err[256];
@@ -168,7 +167,7 @@ PG_FUNCTION_INFO_V1(obx_subscription_kafka_value_problem);
 
 /*
  * obx._kafka_value_problem(name text, value text) RETURNS text[]:
- * {message, hint} of obx_kafka_subscription_value_problem, or NULL.
+ * {message, hint} of subscription_value_problem, or NULL.
  */
 Datum
 obx_subscription_kafka_value_problem(PG_FUNCTION_ARGS)
@@ -182,7 +181,7 @@ obx_subscription_kafka_value_problem(PG_FUNCTION_ARGS)
 	int dims[1] = {2};
 	int lbs[1] = {1};
 
-	if (!obx_kafka_subscription_value_problem(name, value, &message, &hint))
+	if (!subscription_value_problem(name, value, &message, &hint))
 		PG_RETURN_NULL();
 	elems[0] = CStringGetTextDatum(message);
 	elems[1] = hint ? CStringGetTextDatum(hint) : (Datum) 0;

@@ -19,9 +19,6 @@ extern bool obx_kafka_user_properties(struct rd_kafka_conf_s *conf,
 extern const char *obx_kafka_file_signature(void);
 extern void obx_kafka_file_reread(void);
 extern bool obx_kafka_subscription_property_allowed(const char *name);
-extern bool obx_kafka_subscription_value_problem(const char *name,
-												 const char *value,
-												 char **message, char **hint);
 extern struct rd_kafka_s *obx_kafka_new(int type, struct rd_kafka_conf_s *conf,
 										char *errbuf, size_t errlen);
 

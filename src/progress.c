@@ -95,13 +95,6 @@ progress_prepare_plans(void)
 	}
 }
 
-static Datum
-text_or_null(const char *s, char *null)
-{
-	*null = (s == NULL) ? 'n' : ' ';
-	return s == NULL ? (Datum) 0 : CStringGetTextDatum(s);
-}
-
 /*
  * obx_progress_begin
  *		A batch of consumer's messages begins; its counts are allocated in
@@ -171,9 +164,9 @@ write_progress(const BatchPartition *p)
 	values[4] = Int64GetDatum(p->processed);
 	values[5] = Int64GetDatum(p->duplicates);
 	values[6] = Int64GetDatum(p->dead_lettered);
-	values[7] = text_or_null(p->last_event_id, &nulls[7]);
-	values[8] = text_or_null(p->error_class, &nulls[8]);
-	values[9] = text_or_null(p->error, &nulls[9]);
+	values[7] = obx_text_or_null(p->last_event_id, &nulls[7]);
+	values[8] = obx_text_or_null(p->error_class, &nulls[8]);
+	values[9] = obx_text_or_null(p->error, &nulls[9]);
 	rc = SPI_execute_plan(progress_plan, values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx could not record consumer progress: %s",

@@ -27,6 +27,7 @@
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -403,4 +404,16 @@ SPIPlanPtr
 obx_prepare_kept_generic(const char *sql, int nargs, Oid *argtypes)
 {
 	return prepare_kept(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+}
+
+/*
+ * obx_text_or_null
+ *		A kept plan's text argument: s, or SQL NULL when s is NULL (*null
+ *		is its entry of SPI_execute_plan's nulls).
+ */
+Datum
+obx_text_or_null(const char *s, char *null)
+{
+	*null = (s == NULL) ? 'n' : ' ';
+	return s == NULL ? (Datum) 0 : CStringGetTextDatum(s);
 }
