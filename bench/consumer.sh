@@ -44,19 +44,21 @@ consumer_messages()
 	sql -o /dev/null -c "\\copy (SELECT 'cus_' || lpad(k::text, 5, '0'), gen_random_uuid(), (bench.make_payload(i, k) || jsonb_build_object('orderId', $order))::text FROM (SELECT i, floor(random() * 10000)::int AS k FROM generate_series(1, $n) i) s) TO '$file'"
 }
 
-# consumer_applied TOPIC: how many effects the handler wrote for TOPIC.
+# consumer_applied TOPIC [ORDERS]: how many effects the handler wrote for
+# TOPIC (of the messages whose order id is LIKE ORDERS, when given).
 consumer_applied()
 {
-	sql_value "SELECT count(*) FROM bench.consumer_effects WHERE topic = '$1'"
+	sql_value "SELECT count(*) FROM bench.consumer_effects WHERE topic = '$1' AND order_id LIKE '${2:-%}'"
 }
 
-# consumer_wait TOPIC N TIMEOUT: wait until N messages of TOPIC are applied.
+# consumer_wait TOPIC N TIMEOUT [ORDERS]: wait until N messages of TOPIC
+# (whose order id is LIKE ORDERS, when given) are applied.
 consumer_wait()
 {
-	local topic=$1 n=$2 timeout=$3 got
+	local topic=$1 n=$2 timeout=$3 orders=${4:-%} got
 	local deadline=$((SECONDS + timeout))
 	while [ $SECONDS -lt $deadline ]; do
-		got=$(consumer_applied "$topic")
+		got=$(consumer_applied "$topic" "$orders")
 		[ "$got" -ge "$n" ] && return 0
 		sleep 0.2
 	done
@@ -111,20 +113,13 @@ consumer_warm_up()
 	}
 }
 
-# consumer_round_applied TOPIC ROUND: how many messages of that round are applied.
-consumer_round_applied()
-{
-	sql_value "SELECT count(*) FROM bench.consumer_effects WHERE topic = '$1' AND order_id LIKE 'r$2\\_%'"
-}
-
 # consumer_throughput N ROUNDS TIMEOUT: "MEDIAN LOWEST HIGHEST JOIN_SECONDS"
 # of obx's consumer on ROUNDS backlogs of N messages each, one after the
-# other, on a subscription whose group has already joined (200 warm-up
-# messages applied first).
+# other, on a subscription warmed up first (consumer_warm_up).
 consumer_throughput()
 {
 	local n=$1 rounds=$2 timeout=$3 topic=bench.consumer.backlog t0 joined round
-	local seconds applied deadline got rates=""
+	local seconds applied rates=""
 	sql -c "TRUNCATE bench.consumer_effects, obx.processed_events" -c "CHECKPOINT" >/dev/null
 	t0=$EPOCHREALTIME
 	consumer_subscribe bench-consumer "$topic"
@@ -137,16 +132,7 @@ consumer_throughput()
 			cat "$work/consumer_produce.log" >&2
 			return 1
 		}
-		deadline=$((SECONDS + timeout))
-		got=0
-		while [ "$got" -lt "$n" ] && [ $SECONDS -lt $deadline ]; do
-			sleep 0.2 # poll interval of the applied count
-			got=$(consumer_round_applied "$topic" "$round")
-		done
-		[ "$got" -ge "$n" ] || {
-			echo "bench: the consumer applied $got of $n messages of round $round in ${timeout} s" >&2
-			return 1
-		}
+		consumer_wait "$topic" "$n" "$timeout" "r${round}\\_%" || return 1
 		applied=$(sql_value "SELECT count(DISTINCT event_id) || ' ' || count(*) FROM bench.consumer_effects WHERE topic = '$topic' AND order_id LIKE 'r${round}\\_%'")
 		[ "$applied" = "$n $n" ] ||
 			echo "bench: WARNING: expected each of $n messages of round $round applied once, got (distinct, rows) = ($applied)" >&2
