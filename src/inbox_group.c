@@ -41,7 +41,6 @@
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
-#include "utils/resowner.h"
 
 #include "inbox.h"
 #include "inbound.h"
@@ -124,28 +123,44 @@ mark_members(Member *m, int n)
 	}
 }
 
-/* Mark m[0..n), then call the handler on each fresh member, in order. */
-static void
-apply_members(Member *m, int n, ObxHandlerCall *call, volatile int *at)
+/* One attempt at a group: its members, its prepared handler call. */
+typedef struct GroupAttempt
 {
+	Member *m;
+	int n;
+	ObxHandlerCall call;
+	int at; /* the member whose handler runs, or -1 */
+} GroupAttempt;
+
+/*
+ * Mark the attempt's members, then call the handler on each fresh one, in
+ * order (run by obx_in_subtransaction; what the calls leave goes to
+ * call_cxt, reset after each).
+ */
+static void
+apply_members(void *arg)
+{
+	GroupAttempt *a = (GroupAttempt *) arg;
+	MemoryContext caller = MemoryContextSwitchTo(call_cxt);
 	int i;
 
-	mark_members(m, n);
+	mark_members(a->m, a->n);
 	MemoryContextReset(call_cxt);
-	for (i = 0; i < n; i++)
+	for (i = 0; i < a->n; i++)
 	{
 		Datum row;
 
-		if (!m[i].fresh)
+		if (!a->m[i].fresh)
 			continue;
-		row = obx_inbound_row(m[i].msg, &m[i].ev);
-		obx_handler_enter(m[i].msg);
-		*at = i;
-		obx_handler_invoke(call, row);
-		*at = -1;
+		row = obx_inbound_row(a->m[i].msg, &a->m[i].ev);
+		obx_handler_enter(a->m[i].msg);
+		a->at = i;
+		obx_handler_invoke(&a->call, row);
+		a->at = -1;
 		obx_handler_leave();
 		MemoryContextReset(call_cxt);
 	}
+	MemoryContextSwitchTo(caller);
 }
 
 /*
@@ -158,46 +173,26 @@ static int
 try_group(Member *m, int n, ObxInboxFailure *failure)
 {
 	const ObxSubscription *sub = m[0].msg->sub;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile int at = -1;
-	volatile int done = n;
-	ObxHandlerCall call;
+	GroupAttempt a = {.m = m, .n = n, .at = -1};
+	ErrorData *edata;
 
 	MemoryContextReset(attempt_cxt);
-	obx_handler_prepare(&call, sub->handler, sub->owner, sub->handler_timeout_ms,
+	obx_handler_prepare(&a.call, sub->handler, sub->owner, sub->handler_timeout_ms,
 						attempt_cxt);
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(call_cxt);
-	PG_TRY();
+	/* In group_cxt: the error outlives the attempts after this one. */
+	edata = obx_in_subtransaction(apply_members, &a);
+	if (edata == NULL)
+		return n;
+	if (a.at >= 0)
 	{
-		apply_members(m, n, &call, &at);
-		ReleaseCurrentSubTransaction();
+		obx_handler_leave();
+		failure->timed_out = obx_handler_timed_out();
+		failure->error = edata;
+		return a.at;
 	}
-	PG_CATCH();
-	{
-		MemoryContextSwitchTo(group_cxt);
-		if (at >= 0)
-		{
-			obx_handler_leave();
-			failure->timed_out = obx_handler_timed_out();
-			failure->error = CopyErrorData();
-			done = at;
-		}
-		else
-		{
-			ErrorData *edata = CopyErrorData();
-
-			elog(DEBUG1, "obx consumer: a group of %d messages of consumer group \"%s\" failed, applied one by one: %s",
-				 n, sub->name, edata->message);
-			done = -1;
-		}
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(group_cxt);
-	CurrentResourceOwner = owner;
-	return done;
+	elog(DEBUG1, "obx consumer: a group of %d messages of consumer group \"%s\" failed, applied one by one: %s",
+		 n, sub->name, edata->message);
+	return -1;
 }
 
 static void
