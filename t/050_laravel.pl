@@ -10,8 +10,9 @@
 # six PHP processes place 50 orders each at the same time, two emitting
 # OrderPlaced schemaVersion 1 and four schemaVersion 2; every seventh order
 # of each is rolled back on purpose after its event was enqueued (payment
-# declined).  While they run, an 'obx consumer' backend is killed with
-# SIGKILL and the whole instance goes through crash recovery (the PHP
+# declined).  Each holds after 25 orders until the consumer has reserved
+# stock for some of them; as they resume, an 'obx consumer' backend is
+# killed with SIGKILL and the whole instance goes through crash recovery (the PHP
 # processes lose their connections and look up whether their last order
 # committed).  Afterwards one already-processed message is produced to the
 # topic a second time, with the same event_id header, key and payload.
@@ -118,24 +119,28 @@ ok($node->poll_query_until('inventory',
 	'SELECT count(DISTINCT event_id) = 1 FROM inventory.reservations'),
 	'a first order is reserved: the consumer is at work');
 
-# The producers, all at once.  A short pause between orders keeps them
-# placing orders while the consumer is killed.
+# The producers, all at once.  Each holds after half its orders until the
+# resume file exists, so the consumer's pace cannot let them finish before
+# it is killed; a short pause between orders keeps them placing orders
+# while it dies.
 my $dir = PostgreSQL::Test::Utils::tempdir('producers');
+my $resume = "$dir/resume";
 my @handles;
 for my $i (0 .. $producers - 1)
 {
 	push @handles, IPC::Run::start(
 		[ 'php', $artisan, 'place-orders', "--count=$orders_each",
 		  "--rollback-every=$rollback_every", "--schema-version=$version_of_producer{$i}",
-		  '--pause-ms=60' ],
+		  '--pause-ms=60', '--hold-after=' . int($orders_each / 2), "--resume-file=$resume" ],
 		'<', \undef, '>', "$dir/p$i.out", '2>', "$dir/p$i.err");
 }
 
-# Kill a consumer once it has reserved stock for some orders, while the
-# producers are still at work.
+# Kill a consumer once it has reserved stock for some orders, just as the
+# producers resume.
 ok($node->poll_query_until('inventory',
 	'SELECT count(DISTINCT event_id) >= 21 FROM inventory.reservations'),
 	'the consumer reserves stock while orders are placed');
+PostgreSQL::Test::Utils::append_to_file($resume, '');
 my ($victim) = split /\n/, $node->safe_psql('postgres',
 	"SELECT pid FROM pg_stat_activity WHERE backend_type = 'obx consumer' ORDER BY pid");
 my $orders_at_kill = $node->safe_psql('shop', 'SELECT count(*) FROM orders');

@@ -9,6 +9,7 @@ use App\Support\LostConnection;
 use Illuminate\Console\Command;
 use Illuminate\Database\DatabaseManager;
 use Illuminate\Support\Str;
+use RuntimeException;
 use Throwable;
 
 /**
@@ -26,11 +27,14 @@ class PlaceOrders extends Command
         {--count=10 : how many orders to place}
         {--rollback-every=0 : decline the payment of every K-th order after its event is enqueued, rolling it back (0: never)}
         {--schema-version= : OrderPlaced schemaVersion to emit, 1 or 2 (default: config shop.schema_version)}
-        {--pause-ms=0 : pause between two orders}';
+        {--pause-ms=0 : pause between two orders}
+        {--hold-after=0 : after this many orders, wait until the --resume-file exists (0: never)}
+        {--resume-file= : the file whose existence ends the hold}';
 
     protected $description = 'Place orders, each saved with its OrderPlaced event in one transaction';
 
     private const RECONNECT_FOR_SECONDS = 120;
+    private const HOLD_FOR_SECONDS = 300;
 
     public function handle(DatabaseManager $db): int
     {
@@ -38,6 +42,12 @@ class PlaceOrders extends Command
         $every = (int) $this->option('rollback-every');
         $version = (int) ($this->option('schema-version') ?? config('shop.schema_version'));
         $pause = (int) $this->option('pause-ms');
+        $holdAfter = (int) $this->option('hold-after');
+        $resumeFile = (string) $this->option('resume-file');
+        if ($holdAfter > 0 && $resumeFile === '') {
+            $this->error('--hold-after needs --resume-file');
+            return 1;
+        }
         $place = new PlaceOrder(config('shop.orders_topic'), $version);
 
         for ($i = 1; $i <= $count; $i++) {
@@ -50,6 +60,9 @@ class PlaceOrders extends Command
 
             if ($pause > 0) {
                 usleep($pause * 1000);
+            }
+            if ($i === $holdAfter) {
+                $this->holdUntilExists($resumeFile);
             }
         }
         return 0;
@@ -104,6 +117,23 @@ class PlaceOrders extends Command
                     throw $e;
                 }
             }
+        }
+    }
+
+    /**
+     * Waits until $file exists, so that a test can act while every producer
+     * is part-way through its orders; gives up after HOLD_FOR_SECONDS.
+     */
+    private function holdUntilExists(string $file): void
+    {
+        $deadline = microtime(true) + self::HOLD_FOR_SECONDS;
+        clearstatcache();
+        while (!file_exists($file)) {
+            if (microtime(true) > $deadline) {
+                throw new RuntimeException("$file did not appear within " . self::HOLD_FOR_SECONDS . ' s');
+            }
+            usleep(20_000);
+            clearstatcache();
         }
     }
 
