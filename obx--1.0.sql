@@ -90,9 +90,15 @@ CREATE TABLE obx.skipped_events (
  * The inbox: tables and the handler's argument type
  * --------------------------------------------------------------------- */
 
+/*
+ * The dedupe history: one row per (consumer, event id) applied.  Both are
+ * opaque names, compared byte by byte (COLLATE "C"): every mark probes and
+ * then inserts into the primary key, and bytes compare faster than any
+ * locale's collation, and alike in every database.
+ */
 CREATE TABLE obx.processed_events (
-	consumer_name		text		NOT NULL,
-	event_id			text		NOT NULL,
+	consumer_name		text		COLLATE pg_catalog."C" NOT NULL,
+	event_id			text		COLLATE pg_catalog."C" NOT NULL,
 	processed_at		timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (consumer_name, event_id)
 );
