@@ -571,9 +571,18 @@ BEGIN
 					'obx subscription option "handler_timeout_ms" must be a whole number of milliseconds from 0 to 2147483647',
 					'For example: {"handler_timeout_ms": 5000}; 0 means no limit.'];
 			END IF;
+		ELSIF opt.key = 'max_attempts' THEN
+			IF (CASE WHEN jsonb_typeof(opt.value) <> 'number' THEN true
+					 ELSE opt.value::numeric <> trunc(opt.value::numeric)
+						  OR opt.value::numeric NOT BETWEEN 1 AND 1000000 END) THEN
+				RETURN ARRAY['22023',
+					'obx subscription option "max_attempts" must be a whole number from 1 to 1000000',
+					'For example: {"max_attempts": 10}: a message whose handler fails transiently 10 times is dead-lettered. '
+					'Without it, such a message is retried until it succeeds.'];
+			END IF;
 		ELSE
 			RETURN ARRAY['22023', format('unknown obx subscription option "%s"', opt.key),
-						 'Known options: kafka, start, retry_sqlstates, handler_timeout_ms.'];
+						 'Known options: kafka, start, retry_sqlstates, handler_timeout_ms, max_attempts.'];
 		END IF;
 	END LOOP;
 	RETURN NULL;

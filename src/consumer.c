@@ -99,10 +99,11 @@ typedef struct BatchPart
 {
 	const char *topic;
 	int32 partition;
-	int first;   /* index of its first message in the batch */
-	int64 done;  /* offset of its last applied message, or -1 */
-	int failed;  /* index of its message that failed transiently, or -1 */
-	char *error; /* why, when failed */
+	int first;           /* index of its first message in the batch */
+	int64 done;          /* offset of its last applied message, or -1 */
+	int failed;          /* index of its message that failed transiently, or -1 */
+	bool handler_failed; /* that was its handler's error, not obx's */
+	char *error;         /* why, when failed */
 	struct BatchPart *next;
 } BatchPart;
 
@@ -154,6 +155,8 @@ inbound_message(ObxConsumer *c, rd_kafka_message_t *m, ObxInbound *in)
 	in->key_len = m->key_len;
 	in->value = m->payload;
 	in->value_len = m->len;
+	in->handler_failures = obx_held_handler_failures(c, in->topic, m->partition,
+													 m->offset);
 	ts = rd_kafka_message_timestamp(m, &tstype);
 	if (tstype != RD_KAFKA_TIMESTAMP_NOT_AVAILABLE && ts >= 0)
 		in->timestamp = (TimestampTz) ts * 1000 -
@@ -332,9 +335,10 @@ apply_alone(Batch *b, int i, const ObxInboxFailure *known,
 	BatchPart *p = b->part[i];
 	ObxInboxResult result = obx_inbox_apply(&b->in[i], known, errbuf, errlen);
 
-	if (result == OBX_INBOX_RETRY)
+	if (OBX_INBOX_RETRIED(result))
 	{
 		p->failed = i;
+		p->handler_failed = (result == OBX_INBOX_HANDLER_RETRY);
 		p->error = pstrdup(errbuf);
 	}
 	else
@@ -425,7 +429,8 @@ settle_batch(Batch *b, bool committed, const char *error)
 		}
 		if (retry >= 0)
 			obx_held_retry(b->c, h, &b->in[retry],
-						   committed ? p->error : error);
+						   committed ? p->error : error,
+						   committed && p->handler_failed);
 	}
 }
 

@@ -116,12 +116,13 @@ obx_held_resume_due(ObxConsumer *c, TimestampTz now)
 }
 
 /*
- * A transient failure: hold the message's partition back (h, or a new held
- * partition) for a backoff, with its position on the message.
+ * A transient failure (by_handler: the handler's error): hold the
+ * message's partition back (h, or a new held partition) for a backoff,
+ * with its position on the message.
  */
 void
 obx_held_retry(ObxConsumer *c, HeldPartition *h, const ObxInbound *in,
-			   const char *error)
+			   const char *error, bool by_handler)
 {
 	if (h == NULL)
 	{
@@ -133,6 +134,8 @@ obx_held_retry(ObxConsumer *c, HeldPartition *h, const ObxInbound *in,
 	}
 	h->offset = in->offset;
 	h->attempts++;
+	if (by_handler)
+		h->handler_failures++;
 	h->taken = false;
 	hold_back(c, h);
 	h->resume_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
@@ -165,6 +168,19 @@ obx_held_take(ObxConsumer *c, rd_kafka_message_t *m)
 	}
 	h->taken = (m->offset == h->offset);
 	return true;
+}
+
+/*
+ * How many times the handler failed transiently on the message at offset
+ * of a partition of c, held back since: 0 unless it is the held one.
+ */
+int
+obx_held_handler_failures(ObxConsumer *c, const char *topic, int32 partition,
+						  int64 offset)
+{
+	HeldPartition *h = obx_held_find(c, topic, partition);
+
+	return (h != NULL && h->offset == offset) ? h->handler_failures : 0;
 }
 
 /* Until the earliest held partition is due, at most timeout_ms. */

@@ -196,6 +196,7 @@ typedef struct Attempt
 	bool in_handler;
 	ErrorData *handler_error;
 	bool timed_out; /* handler_error is the end of a timeout */
+	bool gave_up;   /* handler_error is transient, after the last attempt */
 } Attempt;
 
 /*
@@ -281,23 +282,44 @@ retry_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
 				(errmsg("obx consumer will retry a message: " LOG_CONTEXT_FMT,
 						LOG_CONTEXT_ARGS(msg, ev->event_id)),
 				 errdetail("Error class transient: %s%s", errbuf, note)));
-	return OBX_INBOX_RETRY;
+	return OBX_INBOX_HANDLER_RETRY;
 }
 
-/* Any other handler error: a dead letter, in the subtransaction of the mark. */
+/*
+ * Whether the handler has had all the attempts its subscription allows
+ * (options.max_attempts) once this one failed: its transient error is
+ * then a dead letter.
+ */
+static bool
+attempts_spent(const ObxInbound *msg)
+{
+	return msg->sub->max_attempts > 0 &&
+		   msg->handler_failures + 1 >= msg->sub->max_attempts;
+}
+
+/*
+ * Any other handler error, or a transient one after the last attempt: a
+ * dead letter, in the subtransaction of the mark.  A transient error given
+ * up on says so in the dead letter's error message.
+ */
 static ObxInboxResult
 dead_letter_handler_error(const ObxInbound *msg, const ObxInboundEvent *ev,
-						  const ErrorData *edata)
+						  const ErrorData *edata, bool gave_up)
 {
 	char *sqlstate = pstrdup(unpack_sql_state(edata->sqlerrcode));
-	char *why = psprintf("%s: %s", sqlstate, edata->message);
+	char *message = !gave_up ? edata->message
+							 : psprintf("%s (attempt %d of max_attempts %d)",
+										edata->message, msg->handler_failures + 1,
+										msg->sub->max_attempts);
+	char *why = psprintf("%s: %s", sqlstate, message);
 	const char *note;
 
-	record_dead_letter(msg, ev, "handler", sqlstate, edata->message);
+	record_dead_letter(msg, ev, "handler", sqlstate, message);
 	record_progress(msg, ev, OBX_INBOX_DEAD_LETTER, "handler", why);
 	if (log_now(msg, "handler", edata->sqlerrcode, &note))
 		ereport(WARNING,
-				(errmsg("obx consumer quarantined a message its handler rejected: " LOG_CONTEXT_FMT,
+				(errmsg(gave_up ? "obx consumer quarantined a message whose handler failed on every attempt: " LOG_CONTEXT_FMT
+								: "obx consumer quarantined a message its handler rejected: " LOG_CONTEXT_FMT,
 						LOG_CONTEXT_ARGS(msg, ev->event_id)),
 				 errdetail("Error class handler: %s%s", why, note),
 				 errhint("See obx.dead_letters; after a fix, call obx.replay_dead_letter.")));
@@ -358,7 +380,7 @@ mark_dead_letter(Attempt *a)
 		record_progress(a->msg, &a->ev, OBX_INBOX_DUPLICATE, NULL, NULL);
 		return OBX_INBOX_DUPLICATE;
 	}
-	return dead_letter_handler_error(a->msg, &a->ev, a->handler_error);
+	return dead_letter_handler_error(a->msg, &a->ev, a->handler_error, a->gave_up);
 }
 
 /*
@@ -494,8 +516,10 @@ in_subtransaction(ObxInboxResult (*step)(Attempt *), Attempt *a,
  *		Apply one message of the open batch in a subtransaction of its own;
  *		see the file header.  known, if not NULL, is the error its handler
  *		raised in a group (obx_inbox_apply_group): the handler is not called
- *		again.  On OBX_INBOX_RETRY, errbuf says why and the subtransaction
- *		was rolled back: nothing of the message remains.
+ *		again.  On OBX_INBOX_RETRY (obx's own error) or
+ *		OBX_INBOX_HANDLER_RETRY (a transient handler error, with attempts
+ *		left), errbuf says why and the subtransaction was rolled back:
+ *		nothing of the message remains.
  */
 ObxInboxResult
 obx_inbox_apply(const ObxInbound *msg, const ObxInboxFailure *known,
@@ -513,14 +537,17 @@ obx_inbox_apply(const ObxInbound *msg, const ObxInboxFailure *known,
 	result = in_subtransaction(mark_and_handle, &a, errbuf, errlen);
 	if (a.handler_error != NULL)
 	{
-		if (!a.timed_out &&
-			is_transient(msg->sub, a.handler_error->sqlerrcode))
+		bool transient = !a.timed_out &&
+						 is_transient(msg->sub, a.handler_error->sqlerrcode);
+
+		a.gave_up = transient && attempts_spent(msg);
+		if (transient && !a.gave_up)
 			result = retry_handler_error(msg, &a.ev, a.handler_error, errbuf, errlen);
 		else
 			result = in_subtransaction(mark_dead_letter, &a, errbuf, errlen);
 	}
 	MemoryContextSwitchTo(batch.cxt);
-	if (result != OBX_INBOX_RETRY)
+	if (!OBX_INBOX_RETRIED(result))
 		obx_progress_count(msg, &batch.pending);
 	return result;
 }

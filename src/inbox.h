@@ -34,6 +34,7 @@ typedef struct ObxSubscription
 	int nretry; /* options.retry_sqlstates, as error codes */
 	int *retry_sqlstates;
 	int handler_timeout_ms; /* options.handler_timeout_ms; 0: none */
+	int max_attempts;       /* options.max_attempts; 0: no limit */
 	char *signature;        /* everything above, to notice a change */
 	/* Why the workers cannot serve it (obx._subscription_problem), or NULL */
 	char *problem;
@@ -55,15 +56,20 @@ typedef struct ObxInbound
 	const char **header_values; /* NULL for a null header value */
 	size_t *header_lens;
 	TimestampTz timestamp; /* 0 when the message has none */
+	int handler_failures;  /* transient handler failures of it so far */
 } ObxInbound;
 
 typedef enum ObxInboxResult
 {
-	OBX_INBOX_PROCESSED,   /* handler ran */
-	OBX_INBOX_DUPLICATE,   /* already processed: handler not called */
-	OBX_INBOX_DEAD_LETTER, /* malformed or handler error: quarantined */
-	OBX_INBOX_RETRY        /* transient: rolled back, offset must not move */
+	OBX_INBOX_PROCESSED,    /* handler ran */
+	OBX_INBOX_DUPLICATE,    /* already processed: handler not called */
+	OBX_INBOX_DEAD_LETTER,  /* malformed or handler error: quarantined */
+	OBX_INBOX_RETRY,        /* transient: rolled back, offset must not move */
+	OBX_INBOX_HANDLER_RETRY /* the same, after a transient handler error */
 } ObxInboxResult;
+
+#define OBX_INBOX_RETRIED(result) \
+	((result) == OBX_INBOX_RETRY || (result) == OBX_INBOX_HANDLER_RETRY)
 
 /*
  * The error a message's handler raised while it was applied in a group

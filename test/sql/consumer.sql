@@ -51,7 +51,8 @@ SELECT obx.subscribe('inventory-reservation', ARRAY['orders.placed.v1'],
 SELECT obx.subscribe('billing', ARRAY['orders.placed.v1', 'payments.captured.v1'],
                      'inv.reserve_checked(obx.inbound_event)',
                      '{"kafka": {"auto.commit.interval.ms": "3600000", "session.timeout.ms": "6000"},
-                       "start": "latest", "retry_sqlstates": ["P0001", "55006"]}');
+                       "start": "latest", "retry_sqlstates": ["P0001", "55006"],
+                       "max_attempts": 5}');
 SELECT consumer_name, topics, handler, options,
        owner = current_user::regrole AS owned_by_caller, created_at IS NOT NULL AS has_created_at
   FROM obx.subscriptions ORDER BY consumer_name COLLATE "C";
@@ -85,7 +86,8 @@ SELECT obx.subscribe('stock', ARRAY['orders.placed.v1'], 'inv.reserve_two(obx.in
 \echo :SQLSTATE
 SELECT obx.subscribe('stock', ARRAY['orders.placed.v1'], 'inv.reserve_none()');
 \echo :SQLSTATE
--- Bad options: only "kafka", "start" and "retry_sqlstates" exist (22023).
+-- Bad options: only "kafka", "start", "retry_sqlstates", "handler_timeout_ms"
+-- and "max_attempts" exist (22023).
 SELECT obx.subscribe('stock', ARRAY['orders.placed.v1'], 'inv.reserve(obx.inbound_event)',
                      '{"kafka": {}, "retries": 3}');
 \echo :SQLSTATE
@@ -107,6 +109,19 @@ SELECT obx.subscribe('stock', ARRAY['orders.placed.v1'], 'inv.reserve(obx.inboun
 \echo :SQLSTATE
 SELECT obx.subscribe('stock', ARRAY['orders.placed.v1'], 'inv.reserve(obx.inbound_event)',
                      '{"retry_sqlstates": "P0001"}');
+\echo :SQLSTATE
+-- max_attempts: a whole number from 1 to 1000000.
+SELECT obx.subscribe('stock', ARRAY['orders.placed.v1'], 'inv.reserve(obx.inbound_event)',
+                     '{"max_attempts": 0}');
+\echo :SQLSTATE
+SELECT obx.subscribe('stock', ARRAY['orders.placed.v1'], 'inv.reserve(obx.inbound_event)',
+                     '{"max_attempts": 2.5}');
+\echo :SQLSTATE
+SELECT obx.subscribe('stock', ARRAY['orders.placed.v1'], 'inv.reserve(obx.inbound_event)',
+                     '{"max_attempts": "3"}');
+\echo :SQLSTATE
+SELECT obx.subscribe('stock', ARRAY['orders.placed.v1'], 'inv.reserve(obx.inbound_event)',
+                     '{"max_attempts": 1000001}');
 \echo :SQLSTATE
 -- None of the failed calls left a subscription, nor changed one.
 SELECT consumer_name, topics, handler, options
