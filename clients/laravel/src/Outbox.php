@@ -137,7 +137,7 @@ class Outbox
      * one obx.inbound_event ("inventory.reserve_stock" or its full
      * signature), once per new event of $topics, as consumer group
      * $consumer.  $options: start, kafka, retry_sqlstates,
-     * handler_timeout_ms (docs/sql.md).
+     * handler_timeout_ms, max_attempts (docs/sql.md).
      */
     public function subscribe(string $consumer, array|string $topics, string $handler, array $options = []): void
     {
