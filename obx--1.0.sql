@@ -521,11 +521,16 @@ DECLARE
 	opt record;
 	bad text;
 	problem text[];
+	whole numeric;
 BEGIN
 	IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
 		RETURN ARRAY['22023', 'obx subscription options must be a JSON object', NULL];
 	END IF;
 	FOR opt IN SELECT * FROM jsonb_each(options) LOOP
+		/* The value as a whole number, or NULL if it is not one. */
+		whole := CASE WHEN jsonb_typeof(opt.value) = 'number' THEN
+					 CASE WHEN opt.value::numeric = trunc(opt.value::numeric)
+						  THEN opt.value::numeric END END;
 		IF opt.key = 'kafka' THEN
 			IF jsonb_typeof(opt.value) <> 'object' OR EXISTS (
 				SELECT 1 FROM jsonb_each(opt.value) k WHERE jsonb_typeof(k.value) <> 'string') THEN
@@ -564,17 +569,13 @@ BEGIN
 					'For example: {"retry_sqlstates": ["P0001"]}'];
 			END IF;
 		ELSIF opt.key = 'handler_timeout_ms' THEN
-			IF (CASE WHEN jsonb_typeof(opt.value) <> 'number' THEN true
-					 ELSE opt.value::numeric <> trunc(opt.value::numeric)
-						  OR opt.value::numeric NOT BETWEEN 0 AND 2147483647 END) THEN
+			IF whole IS NULL OR whole NOT BETWEEN 0 AND 2147483647 THEN
 				RETURN ARRAY['22023',
 					'obx subscription option "handler_timeout_ms" must be a whole number of milliseconds from 0 to 2147483647',
 					'For example: {"handler_timeout_ms": 5000}; 0 means no limit.'];
 			END IF;
 		ELSIF opt.key = 'max_attempts' THEN
-			IF (CASE WHEN jsonb_typeof(opt.value) <> 'number' THEN true
-					 ELSE opt.value::numeric <> trunc(opt.value::numeric)
-						  OR opt.value::numeric NOT BETWEEN 1 AND 1000000 END) THEN
+			IF whole IS NULL OR whole NOT BETWEEN 1 AND 1000000 THEN
 				RETURN ARRAY['22023',
 					'obx subscription option "max_attempts" must be a whole number from 1 to 1000000',
 					'For example: {"max_attempts": 10}: a message whose handler fails transiently 10 times is dead-lettered. '
