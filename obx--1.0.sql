@@ -158,6 +158,19 @@ CREATE TABLE obx.consumer_partitions (
 ) WITH (fillfactor = 50);
 
 /*
+ * The last Kafka error a consumer group's workers met (a subscribed topic
+ * that does not exist, brokers out of reach, a configuration librdkafka
+ * refused), one row per group: written when the workers log it (at most
+ * once a minute per error), deleted once a message of the group is
+ * fetched again, and by obx.unsubscribe.  obx.consumers shows it.
+ */
+CREATE TABLE obx.consumer_kafka_errors (
+	consumer_name		text		PRIMARY KEY,
+	error				text		NOT NULL,
+	error_at			timestamptz NOT NULL
+);
+
+/*
  * Messages a consumer could not apply: malformed ones and those whose
  * handler failed with a non-transient error.  Each is recorded in the
  * transaction that marks the event processed, so the partition moves on
@@ -755,6 +768,7 @@ BEGIN
 	END IF;
 	PERFORM obx._check_consumer_owner(caller, consumer_name, sub_owner);
 	DELETE FROM obx.subscriptions s WHERE s.consumer_name = _unsubscribe.consumer_name;
+	DELETE FROM obx.consumer_kafka_errors k WHERE k.consumer_name = _unsubscribe.consumer_name;
 	RETURN true;
 END
 $$;
@@ -1009,11 +1023,15 @@ SELECT s.consumer_name, s.topics, s.handler, s.owner,
 	   (array_agg(c.last_error ORDER BY c.last_error_at DESC)
 		  FILTER (WHERE c.last_error IS NOT NULL))[1] AS last_error,
 	   max(c.last_error_at) AS last_error_at,
-	   obx._subscription_problem(s) AS problem
+	   obx._subscription_problem(s) AS problem,
+	   CASE WHEN pg_has_role('pg_monitor', 'USAGE') OR pg_has_role(s.owner, 'USAGE')
+			THEN k.error END AS kafka_error,
+	   k.error_at AS kafka_error_at
   FROM obx.subscriptions s
   LEFT JOIN obx.consumer_status c ON c.consumer_name = s.consumer_name
 		AND c.topic = ANY (s.topics)
- GROUP BY s.consumer_name, s.topics, s.handler, s.owner;
+  LEFT JOIN obx.consumer_kafka_errors k ON k.consumer_name = s.consumer_name
+ GROUP BY s.consumer_name, s.topics, s.handler, s.owner, k.error, k.error_at;
 
 /* ---------------------------------------------------------------------
  * Privileges
@@ -1074,6 +1092,8 @@ COMMENT ON TYPE obx.inbound_event IS
 	'A Kafka message as a subscription handler receives it';
 COMMENT ON TABLE obx.subscriptions IS
 	'Kafka topics the consumer workers read, as consumer group consumer_name, and the handler each message goes to';
+COMMENT ON TABLE obx.consumer_kafka_errors IS
+	'The last Kafka error of each consumer group, until a message of it is fetched again (obx.consumers.kafka_error)';
 COMMENT ON TABLE obx.consumer_partitions IS
 	'Consumer progress and counters per subscription, topic and partition';
 COMMENT ON TABLE obx.dead_letters IS

@@ -261,6 +261,8 @@ gather_batch(ObxConsumer *c, Batch *b)
 		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 			obx_consumer_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
 												 rd_kafka_message_errstr(m)));
+		if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+			c->fetched = true;
 		if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && obx_held_take(c, m))
 			b->msgs[b->n++] = m;
 		else
@@ -505,6 +507,7 @@ serve_consumers(void)
 	{
 		int mine = 0;
 
+		obx_consumer_note_kafka(c);
 		if (c->rk == NULL)
 			continue;
 		obx_held_resume_due(c, now);

@@ -217,12 +217,21 @@ obx_consumers(void)
 	return consumers;
 }
 
+/* Keep a Kafka error of c for obx.consumer_kafka_errors. */
+static void
+keep_kafka_error(ObxConsumer *c, const char *what)
+{
+	if (c->kafka_error != NULL)
+		pfree(c->kafka_error);
+	c->kafka_error = MemoryContextStrdup(c->cxt, what);
+}
+
 /*
  * obx_consumer_kafka_error
  *		Log a Kafka error of a consumer at most once a minute per distinct
  *		message (obx_log_allowed), since librdkafka repeats connection
  *		errors while brokers are down; the next line logged says how many
- *		were not.
+ *		were not.  What is logged goes to obx.consumer_kafka_errors too.
  */
 void
 obx_consumer_kafka_error(ObxConsumer *c, const char *what)
@@ -231,6 +240,7 @@ obx_consumer_kafka_error(ObxConsumer *c, const char *what)
 
 	if (!obx_log_allowed(psprintf("kafka|%s|%s", c->sub.name, what), &suppressed))
 		return;
+	keep_kafka_error(c, what);
 	if (suppressed > 0)
 		ereport(WARNING,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
@@ -399,6 +409,7 @@ new_consumer(const ObxSubscription *sub)
 	char errbuf[512];
 
 	c->cxt = cxt;
+	c->kafka_error_shown = true; /* an earlier consumer may have left one */
 	c->sub = *sub;
 	c->sub.name = pstrdup(sub->name);
 	c->sub.topics = copy_strings(sub->topics, sub->ntopics);
@@ -419,6 +430,7 @@ new_consumer(const ObxSubscription *sub)
 				 errhint("Check obx.brokers, obx.kafka_properties and the subscription's options; "
 						 "obx tries again when they change.")));
 		stop_kafka_consumer(c);
+		keep_kafka_error(c, psprintf("could not start the Kafka consumer: %s", errbuf));
 	}
 	else
 		ereport(LOG,
@@ -569,4 +581,61 @@ obx_consumers_record_watermarks(const char *consumer, int n, char **topics,
 		elog(ERROR, "obx could not record consumer watermarks: %s",
 			 SPI_result_code_string(rc));
 	obx_step_end(caller);
+}
+
+static const char *kafka_error_sql =
+	"INSERT INTO obx.consumer_kafka_errors AS k (consumer_name, error, error_at)"
+	" VALUES ($1, $2, pg_catalog.now())"
+	" ON CONFLICT (consumer_name) DO UPDATE"
+	"   SET error = excluded.error, error_at = excluded.error_at";
+
+static const char *kafka_ok_sql =
+	"DELETE FROM obx.consumer_kafka_errors WHERE consumer_name = $1";
+
+/*
+ * obx_consumer_note_kafka
+ *		Bring the group's row of obx.consumer_kafka_errors up to date, in a
+ *		transaction of its own, when there is something to say: the Kafka
+ *		error c met since the last call, or, if a message came since and
+ *		the table may hold an error, that the group works again.
+ */
+void
+obx_consumer_note_kafka(ObxConsumer *c)
+{
+	static SPIPlanPtr error_plan = NULL;
+	static SPIPlanPtr ok_plan = NULL;
+	bool record = (c->kafka_error != NULL);
+	MemoryContext caller;
+	Datum values[2];
+	int rc;
+
+	if (!record && !(c->fetched && c->kafka_error_shown))
+		return;
+	c->fetched = false;
+	caller = obx_step_begin("obx: recording a consumer's Kafka error");
+	if (error_plan == NULL)
+	{
+		Oid types[] = {TEXTOID, TEXTOID};
+
+		error_plan = obx_prepare_kept(kafka_error_sql, 2, types);
+		ok_plan = obx_prepare_kept(kafka_ok_sql, 1, types);
+	}
+	values[0] = CStringGetTextDatum(c->sub.name);
+	if (record)
+	{
+		values[1] = CStringGetTextDatum(c->kafka_error);
+		rc = SPI_execute_plan(error_plan, values, NULL, false, 0);
+	}
+	else
+		rc = SPI_execute_plan(ok_plan, values, NULL, false, 0);
+	if (rc != (record ? SPI_OK_INSERT : SPI_OK_DELETE))
+		elog(ERROR, "obx could not record a consumer's Kafka error: %s",
+			 SPI_result_code_string(rc));
+	obx_step_end(caller);
+	if (record)
+	{
+		pfree(c->kafka_error);
+		c->kafka_error = NULL;
+	}
+	c->kafka_error_shown = record;
 }

@@ -29,6 +29,10 @@ typedef struct ObxConsumer
 	struct HeldPartition *held; /* see held.c, allocated in cxt */
 	TimestampTz next_watermarks;
 	int64 watermarks_sum; /* of the last recorded watermarks */
+	/* For obx.consumer_kafka_errors (obx_consumer_note_kafka): */
+	char *kafka_error;      /* met since the last note (in cxt), or NULL */
+	bool kafka_error_shown; /* the table may hold one for the group */
+	bool fetched;           /* a message came since the last note */
 	struct ObxConsumer *next;
 } ObxConsumer;
 
@@ -38,6 +42,7 @@ extern ObxConsumer *obx_consumers(void);
 extern void obx_consumers_refresh(MemoryContext scratch);
 extern void obx_consumers_stop_all(void);
 extern void obx_consumer_kafka_error(ObxConsumer *c, const char *what);
+extern void obx_consumer_note_kafka(ObxConsumer *c);
 extern void obx_consumers_record_watermarks(const char *consumer, int n,
 											char **topics, int32 *partitions,
 											int64 *lows, int64 *highs);
