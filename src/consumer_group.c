@@ -430,7 +430,9 @@ new_consumer(const ObxSubscription *sub)
 				 errhint("Check obx.brokers, obx.kafka_properties and the subscription's options; "
 						 "obx tries again when they change.")));
 		stop_kafka_consumer(c);
-		keep_kafka_error(c, psprintf("could not start the Kafka consumer: %s", errbuf));
+		c->start_error = MemoryContextStrdup(c->cxt,
+											 psprintf("could not start the Kafka consumer: %s",
+													  errbuf));
 	}
 	else
 		ereport(LOG,
@@ -597,18 +599,33 @@ static const char *kafka_ok_sql =
  *		Bring the group's row of obx.consumer_kafka_errors up to date, in a
  *		transaction of its own, when there is something to say: the Kafka
  *		error c met since the last call, or, if a message came since and
- *		the table may hold an error, that the group works again.
+ *		the table may hold an error, that the group works again.  A
+ *		consumer that could not start says so again every
+ *		OBX_LOG_REPEAT_MS, as librdkafka repeats a lasting error, so that
+ *		kafka_error_at stays recent while the trouble lasts.
  */
 void
 obx_consumer_note_kafka(ObxConsumer *c)
 {
 	static SPIPlanPtr error_plan = NULL;
 	static SPIPlanPtr ok_plan = NULL;
-	bool record = (c->kafka_error != NULL);
+	bool record;
 	MemoryContext caller;
 	Datum values[2];
 	int rc;
 
+	if (c->start_error != NULL)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+
+		if (c->start_error_at == 0 ||
+			now >= TimestampTzPlusMilliseconds(c->start_error_at, OBX_LOG_REPEAT_MS))
+		{
+			c->start_error_at = now;
+			keep_kafka_error(c, c->start_error);
+		}
+	}
+	record = (c->kafka_error != NULL);
 	if (!record && !(c->fetched && c->kafka_error_shown))
 		return;
 	c->fetched = false;

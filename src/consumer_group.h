@@ -30,9 +30,11 @@ typedef struct ObxConsumer
 	TimestampTz next_watermarks;
 	int64 watermarks_sum; /* of the last recorded watermarks */
 	/* For obx.consumer_kafka_errors (obx_consumer_note_kafka): */
-	char *kafka_error;      /* met since the last note (in cxt), or NULL */
-	bool kafka_error_shown; /* the table may hold one for the group */
-	bool fetched;           /* a message came since the last note */
+	char *kafka_error;          /* met since the last note (in cxt), or NULL */
+	char *start_error;          /* why it could not start (in cxt), or NULL */
+	TimestampTz start_error_at; /* when that was last noted */
+	bool kafka_error_shown;     /* the table may hold one for the group */
+	bool fetched;               /* a message came since the last note */
 	struct ObxConsumer *next;
 } ObxConsumer;
 

@@ -342,8 +342,7 @@ obx_warn_unserved(PG_FUNCTION_ARGS)
  * says how many it kept back.  Everything stays in the tables (dead
  * letters, consumer_status); the log is only the alarm.
  */
-#define OBX_LOG_REPEAT_MS 60000
-#define OBX_LOG_KEY_LEN   128
+#define OBX_LOG_KEY_LEN 128
 
 typedef struct LogRepeat
 {

@@ -377,6 +377,8 @@ is(sum_of($m, 'obx_consumer_partition_processed_total'),
 	$node->safe_psql('postgres', "SELECT sum(processed) FROM obx.consumer_status WHERE consumer_name = 'metrics-app'"),
 	'processed_total equals obx.consumer_status');
 is($m->{type}{obx_consumer_partition_lag}, 'gauge', 'consumer lag is a gauge');
+is(sample($m, 'obx_consumer_kafka_error_timestamp_seconds', consumer => 'metrics-app'), 0,
+	'no Kafka error standing for the consumer: its timestamp gauge is 0');
 is($m->{type}{obx_consumer_partition_processed_total}, 'counter', 'processed_total is a counter');
 
 # The example alert rules: promtool's unit test (Debian's prometheus
