@@ -162,7 +162,9 @@ CREATE TABLE obx.consumer_partitions (
  * that does not exist, brokers out of reach, a configuration librdkafka
  * refused), one row per group: written when the workers log it (at most
  * once a minute per error), deleted once a message of the group is
- * fetched again, and by obx.unsubscribe.  obx.consumers shows it.
+ * fetched again, and by obx.unsubscribe.  obx.consumers shows it, the
+ * text to pg_monitor only: it can name brokers and the superuser's Kafka
+ * settings, which the subscription's owner may not read.
  */
 CREATE TABLE obx.consumer_kafka_errors (
 	consumer_name		text		PRIMARY KEY,
@@ -1024,8 +1026,7 @@ SELECT s.consumer_name, s.topics, s.handler, s.owner,
 		  FILTER (WHERE c.last_error IS NOT NULL))[1] AS last_error,
 	   max(c.last_error_at) AS last_error_at,
 	   obx._subscription_problem(s) AS problem,
-	   CASE WHEN pg_has_role('pg_monitor', 'USAGE') OR pg_has_role(s.owner, 'USAGE')
-			THEN k.error END AS kafka_error,
+	   CASE WHEN pg_has_role('pg_monitor', 'USAGE') THEN k.error END AS kafka_error,
 	   k.error_at AS kafka_error_at
   FROM obx.subscriptions s
   LEFT JOIN obx.consumer_status c ON c.consumer_name = s.consumer_name

@@ -1,15 +1,18 @@
 # Consumer: Kafka trouble shows in obx.consumers, not only in the log.
 #
 # 1. Brokers out of reach (obx.brokers set to a closed port): the workers'
-#    Kafka error appears in obx.consumers.kafka_error (and kafka_error_at);
-#    a reader without pg_monitor who does not own the consumer sees the
-#    time but not the text.  With the brokers back, the next message is
-#    applied and the error is gone.
+#    Kafka error appears in obx.consumers.kafka_error (and kafka_error_at)
+#    of both subscriptions, one of them owned by a plain role.  With the
+#    brokers back, the next message is applied and the error is gone.
 # 2. Kafka settings librdkafka cannot start a consumer with (TLS with a CA
 #    file that does not exist): the failure to start is shown the same
 #    way; with the settings fixed, the consumer starts, applies the next
 #    message and the error is gone.
 # 3. obx.unsubscribe removes the group's error row.
+#
+# The text of a Kafka error can name brokers and hidden Kafka settings: it
+# is shown to pg_monitor members only, not to a reader of the view nor to
+# a consumer's owner, who see when it happened.
 use strict;
 use warnings;
 
@@ -23,8 +26,11 @@ use Test::More;
 my $mock = start_mock();
 my $topic = 'stock.kafka.v1';
 my $consumer = 'stock-kafka';
+my $owned_topic = 'stock.owned.v1';
+my $owned = 'stock-owned';
 
-my $node = consumer_node('consumer_kafka_errors', $mock, topics => { $topic => 2 });
+my $node = consumer_node('consumer_kafka_errors', $mock,
+	topics => { $topic => 2, $owned_topic => 1 });
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
@@ -33,13 +39,23 @@ sub kafka_error
 	return q1(qq{SELECT kafka_error FROM obx.consumers WHERE consumer_name = '$consumer'});
 }
 
+# dashboard reads the view; watcher too, as a pg_monitor member; subscriber
+# owns a consumer of its own.
 q1(q{
-	CREATE ROLE dashboard LOGIN;
-	GRANT USAGE ON SCHEMA obx TO dashboard;
-	GRANT SELECT ON obx.consumers TO dashboard;
+	CREATE ROLE dashboard;
+	CREATE ROLE watcher;
+	GRANT pg_monitor TO watcher;
+	CREATE ROLE subscriber;
+	GRANT USAGE ON SCHEMA obx TO dashboard, watcher, subscriber;
+	GRANT SELECT ON obx.consumers TO dashboard, watcher, subscriber;
+	GRANT USAGE ON SCHEMA shop TO subscriber;
+	GRANT INSERT ON shop.effects TO subscriber;
+	GRANT USAGE ON ALL SEQUENCES IN SCHEMA shop TO subscriber;
+	GRANT EXECUTE ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb) TO subscriber;
 });
 subscribe($node, $consumer, [$topic],
 	handler($node, 'shop.reserve', q{PERFORM shop.record(e);}));
+subscribe($node, $owned, [$owned_topic], 'shop.record(obx.inbound_event)', as => 'subscriber');
 
 ############################################################################
 # 1. Brokers out of reach.
@@ -58,9 +74,10 @@ my $brokers = q1('SHOW obx.brokers');
 q1(q{ALTER SYSTEM SET obx.brokers = '127.0.0.1:1'});
 $node->reload;
 ok($node->poll_query_until('postgres', qq{
-	SELECT kafka_error IS NOT NULL AND kafka_error_at IS NOT NULL
-	  FROM obx.consumers WHERE consumer_name = '$consumer'}),
-	'obx.consumers shows a Kafka error while the brokers are out of reach');
+	SELECT count(*) = 2 FROM obx.consumers
+	 WHERE consumer_name IN ('$consumer', '$owned')
+	   AND kafka_error IS NOT NULL AND kafka_error_at IS NOT NULL}),
+	'obx.consumers shows a Kafka error for both groups while the brokers are out of reach');
 my $down = kafka_error();
 like($down, qr/127\.0\.0\.1:1|ALL_BROKERS_DOWN|Connection refused/, "it says why: $down");
 is($node->safe_psql('postgres', qq{
@@ -68,6 +85,15 @@ is($node->safe_psql('postgres', qq{
 	SELECT kafka_error IS NULL, kafka_error_at IS NOT NULL
 	  FROM obx.consumers WHERE consumer_name = '$consumer'}),
 	't|t', 'a reader without pg_monitor sees when, not the text');
+is($node->safe_psql('postgres', qq{
+	SET ROLE subscriber;
+	SELECT kafka_error IS NULL, kafka_error_at IS NOT NULL
+	  FROM obx.consumers WHERE consumer_name = '$owned'}),
+	't|t', 'the owner of a consumer sees when, not the text either');
+is($node->safe_psql('postgres', qq{
+	SET ROLE watcher;
+	SELECT kafka_error = '$down' FROM obx.consumers WHERE consumer_name = '$consumer'}),
+	't', 'a pg_monitor member sees the text');
 
 q1('ALTER SYSTEM RESET obx.brokers');
 $node->reload;
