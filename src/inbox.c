@@ -22,8 +22,10 @@
  *		 error is the handler's, without a second call.
  * A handler error rolls the message's subtransaction back, mark and
  * effects included.  Of a transient class (is_transient), the message is
- * retried; any other handler error is a dead letter, recorded with the
- * mark in a second subtransaction.  An error in obx's own statements rolls
+ * retried, unless the handler has failed on it as many times as the
+ * subscription's max_attempts allows (attempts_spent); any other handler
+ * error, and that last one, is a dead letter, recorded with the mark in a
+ * second subtransaction.  An error in obx's own statements rolls
  * the message's subtransaction back and is transient too.
  *
  * What each message that was not rolled back did is counted per partition
