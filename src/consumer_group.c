@@ -106,21 +106,6 @@ static const char *subscriptions_sql =
 	"  CROSS JOIN LATERAL (SELECT obx._subscription_problem(s) AS problem) q"
 	" ORDER BY s.consumer_name";
 
-/*
- * options.max_attempts as obx.subscribe accepts it (a whole number from 1
- * to 1000000), or 0, no limit, when absent.
- */
-static int
-max_attempts(const char *option)
-{
-	long n;
-
-	if (option == NULL)
-		return 0;
-	n = strtol(option, NULL, 10);
-	return (n >= 1 && n <= 1000000) ? (int) n : 0;
-}
-
 /* One row of subscriptions_sql, copied in the current memory context. */
 static void
 read_subscription(HeapTuple tup, TupleDesc desc, ObxSubscription *s)
@@ -157,7 +142,8 @@ read_subscription(HeapTuple tup, TupleDesc desc, ObxSubscription *s)
 			s->retry_sqlstates[j] = MAKE_SQLSTATE(c[0], c[1], c[2], c[3], c[4]);
 	}
 	s->handler_timeout_ms = obx_handler_timeout(copy_text(tup, desc, 12));
-	s->max_attempts = max_attempts(copy_text(tup, desc, 13));
+	/* 0, no limit, when absent */
+	s->max_attempts = obx_option_int(copy_text(tup, desc, 13), 1, 1000000, 0);
 }
 
 /*

@@ -31,6 +31,7 @@
 #include "obx.h"
 #include "inbox.h"
 #include "handler.h"
+#include "worker.h"
 
 /*
  * A handler runs at most this long unless its subscription says otherwise
@@ -58,24 +59,13 @@ static bool handler_timeout_hit = false;
 /*
  * obx_handler_timeout
  *		options.handler_timeout_ms as obx.subscribe accepts it: a whole
- *		number of milliseconds, 0 for none.  NULL, or anything else (the row
- *		may have been written by hand), gives the default: a handler is
- *		never left unbounded by mistake, and a bad row does not stop the
- *		worker.
+ *		number of milliseconds, 0 for none.  NULL, or anything else, gives
+ *		the default: a handler is never left unbounded by mistake.
  */
 int
 obx_handler_timeout(const char *option)
 {
-	char *end;
-	double ms;
-
-	if (option == NULL)
-		return OBX_HANDLER_TIMEOUT_MS;
-	errno = 0;
-	ms = strtod(option, &end);
-	if (errno != 0 || end == option || *end != '\0' || !(ms >= 0 && ms <= INT_MAX))
-		return OBX_HANDLER_TIMEOUT_MS;
-	return (int) ms;
+	return obx_option_int(option, 0, INT_MAX, OBX_HANDLER_TIMEOUT_MS);
 }
 
 /*

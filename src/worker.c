@@ -407,6 +407,28 @@ obx_prepare_kept_generic(const char *sql, int nargs, Oid *argtypes)
 }
 
 /*
+ * obx_option_int
+ *		A whole-number subscription option (options->>'name') as obx.subscribe
+ *		accepts it, from min to max; NULL, or anything else (the row may
+ *		have been written by hand), gives otherwise, so that a bad row does
+ *		not stop the worker.
+ */
+int
+obx_option_int(const char *option, int min, int max, int otherwise)
+{
+	char *end;
+	double v;
+
+	if (option == NULL)
+		return otherwise;
+	errno = 0;
+	v = strtod(option, &end);
+	if (errno != 0 || end == option || *end != '\0' || !(v >= min && v <= max))
+		return otherwise;
+	return (int) v;
+}
+
+/*
  * obx_text_or_null
  *		A kept plan's text argument: s, or SQL NULL when s is NULL (*null
  *		is its entry of SPI_execute_plan's nulls).

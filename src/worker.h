@@ -60,6 +60,7 @@ extern void obx_step_end(MemoryContext caller);
 extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argtypes);
 extern struct _SPI_plan *obx_prepare_kept_generic(const char *sql, int nargs,
 												  Oid *argtypes);
+extern int obx_option_int(const char *option, int min, int max, int otherwise);
 extern Datum obx_text_or_null(const char *s, char *null);
 
 #endif /* OBX_WORKER_H */
