@@ -261,7 +261,7 @@ gather_batch(ObxConsumer *c, Batch *b)
 		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 			obx_consumer_kafka_error(c, psprintf("%s: %s", rd_kafka_err2name(m->err),
 												 rd_kafka_message_errstr(m)));
-		if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		else
 			c->fetched = true;
 		if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && obx_held_take(c, m))
 			b->msgs[b->n++] = m;

@@ -120,10 +120,10 @@ static const struct
 };
 
 /*
- * What is wrong with the value a subscription gives an allowed
- *		property, as a message and a hint, or false when nothing is:
- *		over its maximum (subscription_maxima), or refused by librdkafka.
- *		The number is read as librdkafka reads it (strtol, any base).
+ * Whether the value a subscription gives an allowed property is wrong, and
+ * then why, as a message and a hint (or NULL): over its maximum
+ * (subscription_maxima), or refused by librdkafka.  The number is read as
+ * librdkafka reads it (strtoll, any base).
  */
 static bool
 subscription_value_problem(const char *name, const char *value,
