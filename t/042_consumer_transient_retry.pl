@@ -50,15 +50,6 @@ subscribe($node, $consumer, [$topic], handler($node, 'shop.reserve', q{
 		END IF;
 		PERFORM shop.record(e);}));
 
-sub msg
-{
-	my ($partition, $id, %extra) = @_;
-	return { partition => $partition, key => "sku-$partition",
-		headers => [ event_id => $id ],
-		payload => '{"sku": "sku-' . $partition . '", "qty": 1'
-		  . join('', map { qq{, "$_": "$extra{$_}"} } sort keys %extra) . '}' };
-}
-
 sub applied
 {
 	my ($id) = @_;
@@ -72,12 +63,12 @@ my $p = 1;          # the flaky event's partition
 my $q = 2;          # another partition
 my $t_start = time();
 produce($mock, $topic,
-	msg($p, 'evt-before'),
-	msg($p, 'evt-flaky', flaky => 'yes'),
-	msg($p, 'evt-later-1'),
-	msg($p, 'evt-later-2'),
-	msg($q, 'evt-other-1'),
-	msg($q, 'evt-other-2'));
+	sku_message($p, 'evt-before'),
+	sku_message($p, 'evt-flaky', flaky => 'yes'),
+	sku_message($p, 'evt-later-1'),
+	sku_message($p, 'evt-later-2'),
+	sku_message($q, 'evt-other-1'),
+	sku_message($q, 'evt-other-2'));
 my ($flaky) = @{ find_message($mock, $topic, sub { ($_[0]{event_id} // '') eq 'evt-flaky' }) };
 is("$flaky->{partition} $flaky->{offset}", "$p 1", 'the flaky event is at offset 1 of its partition');
 
@@ -90,7 +81,7 @@ ok($node->poll_query_until('postgres', qq{
 my $s1 = partition_status($node, $consumer, $topic)->{$p};
 
 # More events on the other partition flow while the flaky one keeps failing.
-produce($mock, $topic, msg($q, 'evt-other-3'), msg($q, 'evt-other-4'));
+produce($mock, $topic, sku_message($q, 'evt-other-3'), sku_message($q, 'evt-other-4'));
 ok($node->poll_query_until('postgres', qq{
 	SELECT (SELECT count(*) = 2 FROM shop.effects
 			 WHERE event_id IN ('evt-other-3', 'evt-other-4'))
@@ -175,7 +166,7 @@ q1(qq{
 		'shop.reserve_custom(obx.inbound_event)',
 		'{"retry_sqlstates": ["P0001"], "kafka": {"session.timeout.ms": "6000"}}');
 });
-produce($mock, $topic2, msg(0, 'evt-custom'));
+produce($mock, $topic2, sku_message(0, 'evt-custom'));
 wait_caught_up($node, $consumer2, $topic2, { 0 => 1 }, 'the event with a retried P0001');
 is(applied('evt-custom'), '1', 'an event failing with a listed SQLSTATE is applied once, in the end');
 my $c = partition_status($node, $consumer2, $topic2)->{0};

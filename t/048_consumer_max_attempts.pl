@@ -59,13 +59,6 @@ subscribe($node, $consumer, [$topic], handler($node, 'shop.reserve', q{
 		PERFORM shop.record(e);}, declare => 'n bigint;'),
 	retry_sqlstates => ['OB001'], max_attempts => 3);
 
-sub msg
-{
-	my ($partition, $id) = @_;
-	return { partition => $partition, key => "sku-$partition",
-		headers => [ event_id => $id ], payload => qq{{"sku": "sku-$partition", "qty": 1}} };
-}
-
 sub calls { q1("SELECT last_value - 1 + is_called::int FROM $_[0]") }
 
 # Partition 1: a 40001 poison between others; partition 2: a poison whose
@@ -75,10 +68,9 @@ my @expected = (
 	[ 2, 'evt-2-before', 'evt-2-after' ],
 	[ 3, 'evt-3-before', 'evt-twice', 'evt-3-after' ]);
 produce($mock, $topic,
-	msg(1, 'evt-1-before'), msg(1, 'evt-poison-40001'), msg(1, 'evt-1-after-1'),
-	msg(1, 'evt-1-after-2'),
-	msg(2, 'evt-2-before'), msg(2, 'evt-poison-listed'), msg(2, 'evt-2-after'),
-	msg(3, 'evt-3-before'), msg(3, 'evt-twice'), msg(3, 'evt-3-after'));
+	(map { sku_message(1, $_) } 'evt-1-before', 'evt-poison-40001', 'evt-1-after-1', 'evt-1-after-2'),
+	(map { sku_message(2, $_) } 'evt-2-before', 'evt-poison-listed', 'evt-2-after'),
+	(map { sku_message(3, $_) } 'evt-3-before', 'evt-twice', 'evt-3-after'));
 my $ends = partition_ends($mock, $topic);
 wait_caught_up($node, $consumer, $topic, $ends, 'every message, poison included, to be settled');
 

@@ -60,9 +60,7 @@ subscribe($node, $owned, [$owned_topic], 'shop.record(obx.inbound_event)', as =>
 ############################################################################
 # 1. Brokers out of reach.
 ############################################################################
-produce($mock, $topic,
-	{ partition => 1, key => 'sku-1', headers => [ event_id => 'evt-1' ],
-	  payload => '{"sku": "sku-1"}' });
+produce($mock, $topic, sku_message(1, 'evt-1'));
 ok($node->poll_query_until('postgres',
 	q{SELECT count(*) = 1 FROM shop.effects WHERE event_id = 'evt-1'}),
 	'the consumer applies a first message');
@@ -98,9 +96,7 @@ is($node->safe_psql('postgres', qq{
 q1('ALTER SYSTEM RESET obx.brokers');
 $node->reload;
 is(q1('SHOW obx.brokers'), $brokers, 'obx.brokers is back');
-produce($mock, $topic,
-	{ partition => 0, key => 'sku-0', headers => [ event_id => 'evt-2' ],
-	  payload => '{"sku": "sku-0"}' });
+produce($mock, $topic, sku_message(0, 'evt-2'));
 ok($node->poll_query_until('postgres', qq{
 	SELECT kafka_error IS NULL AND kafka_error_at IS NULL
 	   AND (SELECT count(*) = 1 FROM shop.effects WHERE event_id = 'evt-2')
@@ -122,9 +118,7 @@ like(kafka_error(), qr/ssl\.ca\.location|obx-test-ca\.pem/,
 
 q1('ALTER SYSTEM RESET obx.kafka_properties');
 $node->reload;
-produce($mock, $topic,
-	{ partition => 1, key => 'sku-1', headers => [ event_id => 'evt-3' ],
-	  payload => '{"sku": "sku-1"}' });
+produce($mock, $topic, sku_message(1, 'evt-3'));
 ok($node->poll_query_until('postgres', qq{
 	SELECT kafka_error IS NULL
 	   AND (SELECT count(*) = 1 FROM shop.effects WHERE event_id = 'evt-3')

@@ -21,7 +21,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use ObxTest;
 
-our @EXPORT = qw(consumer_node handler subscribe produce partition_ends wait_caught_up consumer_totals
+our @EXPORT = qw(consumer_node handler subscribe produce sku_message partition_ends wait_caught_up consumer_totals
   partition_status create_effects effects_per_event handler_calls
   consumer_pids wait_consumer_pids handler_held find_message group_offsets);
 
@@ -151,6 +151,19 @@ sub produce
 		die "kcat -P to $topic failed: $err" if !$ok || $err =~ /error|fail/i;
 	}
 	return;
+}
+
+# sku_message($partition, $id, %extra): a message for produce on that
+# partition, keyed sku-$partition, with event id $id in its event_id header
+# and a payload {"sku": "sku-$partition", "qty": 1} plus each extra field
+# as a string.
+sub sku_message
+{
+	my ($partition, $id, %extra) = @_;
+	return { partition => $partition, key => "sku-$partition",
+		headers => [ event_id => $id ],
+		payload => '{"sku": "sku-' . $partition . '", "qty": 1'
+		  . join('', map { qq{, "$_": "$extra{$_}"} } sort keys %extra) . '}' };
 }
 
 # partition_ends($mock, $topic): partition => the offset after its last
