@@ -31,13 +31,13 @@ my $reserve = handler($node, 'shop.reserve', q{
 		-- bodies, not waits of the test (which polls for the dead letters).
 		IF e.payload->>'loop' = 'yes' THEN
 			LOOP
-				PERFORM pg_catalog.pg_sleep(0.05);
+				PERFORM pg_catalog.pg_sleep(0.05);    -- the loop's body, not a wait
 			END LOOP;
 		END IF;
 		IF e.payload->>'loop' = 'stubborn' THEN
 			LOOP
 				BEGIN
-					PERFORM pg_catalog.pg_sleep(0.05);
+					PERFORM pg_catalog.pg_sleep(0.05);    -- the loop's body, not a wait
 				EXCEPTION WHEN query_canceled THEN
 					NULL;
 				END;

@@ -8,10 +8,11 @@
 # bootstrap.servers, which would send obx.kafka_properties' credentials to
 # the subscriber's host) are refused by obx.subscribe, naming the
 # property; so is a queue size over librdkafka's default (every consumer
-# worker would pre-fetch 2 GB for the subscription).  Then the same options written straight into obx.subscriptions
-# (as only a superuser can) are refused again by the consumer worker: it
-# reports each such subscription and skips it, while a good subscription
-# created in the same transaction is consumed.  No file appears, the
+# worker would pre-fetch 2 GB for the subscription).  Then the same
+# options written straight into obx.subscriptions (as only a superuser
+# can) are refused again by the consumer worker: it reports each such
+# subscription and skips it, while a good subscription created in the
+# same transaction is consumed.  No file appears, the
 # test's listener receives no connection, and the worker never restarts.
 use strict;
 use warnings;
