@@ -10,7 +10,7 @@ MODULE_big = obx
 OBJS = src/obx.o src/launcher.o src/worker.o src/turns.o src/enqueue.o src/enqueue_many.o src/claim.o src/outbox.o \
 	src/housekeeping.o src/kafka.o src/kafka_conf.o src/relay.o src/status.o src/latency.o \
 	src/consumer.o src/consumer_group.o src/held.o src/inbox.o src/inbox_group.o src/progress.o src/inbound.o src/handler.o \
-	src/consumer_sql.o src/trace.o src/cloudevents.o
+	src/consumer_sql.o src/trace.o src/cloudevents.o src/compat.o
 EXTENSION = obx
 DATA = obx--1.0.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"
@@ -37,11 +37,14 @@ tools/obx-kafka-mock: tools/obx_kafka_mock.c
 	$(MAKE) -C tools
 
 # Runs against the installed extension (make install first), like installcheck.
+# PostgreSQL::Test::Cluster comes with the server's pgxs where it ships it
+# (Debian's), else from Debian's PostgreSQL 15, which drives any major.
 PROVE_TESTS ?= t/*.pl
+TAP_PERL_LIB ?= $(or $(wildcard $(top_srcdir)/src/test/perl),/usr/lib/postgresql/15/lib/pgxs/src/test/perl)
 prove:
 	PATH="$(bindir):$$PATH" PG_REGRESS="$(top_builddir)/src/test/regress/pg_regress" \
 		OBX_MOCK="$(CURDIR)/tools/obx-kafka-mock" \
-		$(PROVE) $(PROVE_FLAGS) -I $(top_srcdir)/src/test/perl -I t/lib $(PROVE_TESTS)
+		$(PROVE) $(PROVE_FLAGS) -I $(TAP_PERL_LIB) -I t/lib $(PROVE_TESTS)
 
 clean: clean-local
 clean-local:

@@ -49,6 +49,7 @@
 #include "miscadmin.h"
 #include "postmaster/interrupt.h"
 #include "replication/syncrep.h"
+#include "tcop/tcopprot.h"
 #include "storage/latch.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -59,6 +60,7 @@
 #include "utils/uuid.h"
 
 #include "obx.h"
+#include "compat.h"
 #include "turns.h"
 #include "worker.h"
 #include "outbox.h"
@@ -320,19 +322,21 @@ interrupt_sync_wait(SIGNAL_ARGS)
 static bool
 wait_for_sync_standby(XLogRecPtr upto)
 {
-	pqsigfunc old_int;
-	pqsigfunc old_term;
-
 	sync_wait_interrupted = false;
-	old_int = pqsignal(SIGINT, interrupt_sync_wait);
-	old_term = pqsignal(SIGTERM, interrupt_sync_wait);
+	pqsignal(SIGINT, interrupt_sync_wait);
+	pqsignal(SIGTERM, interrupt_sync_wait);
 	/* A shutdown or cancel that came before the handlers counts too. */
 	if (ShutdownRequestPending || QueryCancelPending)
 		sync_wait_interrupted = true;
 	else
 		SyncRepWaitForLSN(upto, true);
-	pqsignal(SIGINT, old_int);
-	pqsignal(SIGTERM, old_term);
+	/*
+	 * Back to the handlers the worker had: a database worker's cancel
+	 * (bgworker.c) and the base's shutdown (obx_worker_start).  They are
+	 * named, not saved, since 18's pqsignal no longer returns the old one.
+	 */
+	pqsignal(SIGINT, StatementCancelHandler);
+	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
 	/* The cancel was ours; SyncRepWaitForLSN consumed it, or it came too late. */
 	if (sync_wait_interrupted)
 		QueryCancelPending = false;
@@ -512,7 +516,7 @@ make_durable(ObxBatch *batch, const ClaimWal *wal)
 			return false;
 		}
 	}
-	else if (wal->flush_upto > GetFlushRecPtr(NULL))
+	else if (wal->flush_upto > obx_flush_rec_ptr())
 		XLogFlush(wal->flush_upto);
 	return true;
 }

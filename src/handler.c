@@ -29,6 +29,7 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "compat.h"
 #include "inbox.h"
 #include "handler.h"
 #include "worker.h"
@@ -43,7 +44,8 @@
  * A consumer worker whose handler is still running this many cancels (one
  * a second) after its timeout ends itself (see handler_timeout_fired).
  */
-#define OBX_HANDLER_GRACE_CANCELS 5
+#define OBX_HANDLER_GRACE_CANCELS   5
+#define OBX_HANDLER_CANCEL_EVERY_MS 1000
 
 /* The timer that stops a handler, registered once per process. */
 static TimeoutId handler_timeout_id = MAX_TIMEOUTS;
@@ -85,6 +87,7 @@ handler_timeout_fired(void)
 	InterruptPending = true;
 	QueryCancelPending = true;
 	SetLatch(MyLatch);
+	obx_timeout_repeat(handler_timeout_id, OBX_HANDLER_CANCEL_EVERY_MS);
 }
 
 static void
@@ -96,10 +99,10 @@ arm_timer(int timeout_ms)
 	handler_timeout_hit = false;
 	handler_cancels = 0;
 	if (timeout_ms > 0)
-		enable_timeout_every(handler_timeout_id,
-							 TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														 timeout_ms),
-							 1000);
+		obx_enable_timeout_every(handler_timeout_id,
+								 TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+															 timeout_ms),
+								 OBX_HANDLER_CANCEL_EVERY_MS);
 }
 
 /* After a call that returned: a cancel the timer sent since is not for us. */
@@ -118,8 +121,8 @@ disarm_timer(void)
  * In the handler's PG_CATCH: re-raise its error, unless it is the cancel
  * of the timer, which becomes an error saying so.
  */
-static void rethrow_handler_error(MemoryContext cxt, const char *name,
-								  int timeout_ms) pg_attribute_noreturn();
+pg_noreturn static void rethrow_handler_error(MemoryContext cxt, const char *name,
+											  int timeout_ms);
 
 static void
 rethrow_handler_error(MemoryContext cxt, const char *name, int timeout_ms)
@@ -170,7 +173,7 @@ obx_handler_prepare(ObxHandlerCall *call, Oid handler, Oid owner,
 static void
 first_call(ObxHandlerCall *call)
 {
-	if (pg_proc_aclcheck(call->handler, call->owner, ACL_EXECUTE) != ACLCHECK_OK)
+	if (obx_proc_aclcheck(call->handler, call->owner, ACL_EXECUTE) != ACLCHECK_OK)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("role \"%s\" may not execute the obx handler %s",

@@ -47,6 +47,7 @@
 #include "utils/memutils.h"
 
 #include "obx.h"
+#include "compat.h"
 #include "kafka_conf.h"
 #include "outbox.h"
 
@@ -199,7 +200,7 @@ obx_subscription_kafka_properties(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	int i;
 
-	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	obx_init_materialized_srf(fcinfo, true);
 	for (i = 0; i < lengthof(subscription_properties); i++)
 	{
 		Datum value = CStringGetTextDatum(subscription_properties[i]);

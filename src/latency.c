@@ -27,6 +27,7 @@
 #include "utils/builtins.h"
 #include "utils/float.h"
 
+#include "compat.h"
 #include "latency.h"
 
 #define OBX_LATENCY_TOPICS 64
@@ -166,7 +167,7 @@ obx_publish_latency(PG_FUNCTION_ARGS)
 	TopicLatency *copy;
 	int i;
 
-	InitMaterializedSRF(fcinfo, 0);
+	obx_init_materialized_srf(fcinfo, false);
 	if (latency == NULL)
 		return (Datum) 0;
 

@@ -25,6 +25,7 @@
 #include "utils/guc.h"
 
 #include "obx.h"
+#include "compat.h"
 #include "latency.h"
 #include "launcher.h"
 #include "turns.h"
@@ -65,7 +66,6 @@ char *obx_cloudevents_source = NULL;
 
 ObxShared *obx_shared = NULL;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 void _PG_init(void);
@@ -81,8 +81,7 @@ _PG_init(void)
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = obx_shmem_request;
+	obx_request_shmem(obx_shmem_request);
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = obx_shmem_startup;
 
@@ -429,8 +428,6 @@ define_gucs(void)
 static void
 obx_shmem_request(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(sizeof(ObxShared)));
 	obx_latency_shmem_request();
 }

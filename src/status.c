@@ -22,6 +22,7 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "compat.h"
 #include "launcher.h"
 #include "status.h"
 
@@ -157,7 +158,7 @@ obx_worker_status(PG_FUNCTION_ARGS)
 	bool see_errors = has_privs_of_role(GetUserId(), ROLE_PG_MONITOR);
 	int i;
 
-	InitMaterializedSRF(fcinfo, 0);
+	obx_init_materialized_srf(fcinfo, false);
 	if (obx_shared == NULL)
 		return (Datum) 0;
 

@@ -234,7 +234,7 @@ obx_worker_wait(ObxWorker *w, long timeout_ms, bool heed_latch)
 
 	if (w->wait_set == NULL)
 	{
-		w->wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+		w->wait_set = obx_create_wait_event_set(3);
 		AddWaitEventToSet(w->wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 		AddWaitEventToSet(w->wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
 		if (w->wait_fd != PGINVALID_SOCKET)

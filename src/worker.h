@@ -12,6 +12,7 @@
 #define OBX_WORKER_H
 
 #include "datatype/timestamp.h"
+#include "compat.h"
 #include "storage/latch.h"
 
 typedef enum ObxWorkerKind
@@ -50,7 +51,7 @@ extern void obx_worker_watch_fd(ObxWorker *w, pgsocket fd);
 extern void obx_worker_wait(ObxWorker *w, long timeout_ms, bool heed_latch);
 extern bool obx_worker_extension_ready(ObxWorker *w);
 extern void obx_worker_housekeeping(ObxWorker *w);
-extern void obx_worker_exit(ObxWorker *w) pg_attribute_noreturn();
+pg_noreturn extern void obx_worker_exit(ObxWorker *w);
 extern long obx_ms_until(TimestampTz t);
 
 /* Short-transaction steps and kept plans (relay, consumer, outbox, inbox) */

@@ -215,10 +215,13 @@ SELECT count(*) AS listed_in_pg_settings FROM pg_settings WHERE name = 'obx.kafk
 SHOW obx.brokers;
 CREATE ROLE regress_obx_reader;
 SET ROLE regress_obx_reader;
+-- The server words this denial differently across majors: its SQLSTATE counts.
+\set VERBOSITY sqlstate
 SHOW obx.kafka_properties;
 \echo :SQLSTATE
 SELECT current_setting('obx.kafka_properties');
 \echo :SQLSTATE
+\set VERBOSITY default
 SELECT count(*) AS listed_in_pg_settings FROM pg_settings WHERE name = 'obx.kafka_properties';
 -- Other settings are public.
 SHOW obx.brokers;
@@ -230,7 +233,9 @@ DROP ROLE regress_obx_reader;
 -- creates is a member (DROP EXTENSION removes it, pg_dump re-creates it
 -- with CREATE EXTENSION and dumps none of it separately), nothing else
 -- lives in schema obx, and pg_dump keeps the data of the tables and
--- sequences listed in extconfig.
+-- sequences listed in extconfig.  (From 17 on, a table's or view's row type
+-- and every array type are members too; they are left out of the list, so
+-- that it reads the same on every major.)
 --
 SELECT extversion FROM pg_extension WHERE extname = 'obx';
 SELECT pg_describe_object(d.classid, d.objid, d.objsubid) COLLATE "C" AS member
@@ -238,6 +243,9 @@ SELECT pg_describe_object(d.classid, d.objid, d.objsubid) COLLATE "C" AS member
  WHERE d.refclassid = 'pg_extension'::regclass
    AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'obx')
    AND d.deptype = 'e'
+   AND NOT EXISTS (SELECT 1 FROM pg_type t LEFT JOIN pg_class c ON c.oid = t.typrelid
+                    WHERE d.classid = 'pg_type'::regclass AND t.oid = d.objid
+                      AND (t.typcategory = 'A' OR c.relkind <> 'c'))
  ORDER BY 1;
 SELECT c.oid::regclass AS not_a_member
   FROM pg_class c
