@@ -40,6 +40,7 @@ tools/obx-kafka-mock: tools/obx_kafka_mock.c
 # PostgreSQL::Test::Cluster comes with the server's pgxs where it ships it
 # (Debian's), else from Debian's PostgreSQL 15, which drives any major.
 PROVE_TESTS ?= t/*.pl
+PROVE := $(or $(PROVE),prove)
 TAP_PERL_LIB ?= $(or $(wildcard $(top_srcdir)/src/test/perl),/usr/lib/postgresql/15/lib/pgxs/src/test/perl)
 prove:
 	PATH="$(bindir):$$PATH" PG_REGRESS="$(top_builddir)/src/test/regress/pg_regress" \

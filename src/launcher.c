@@ -248,6 +248,8 @@ start_worker(Kind *kind, Served *db, int k)
 {
 	BackgroundWorker worker;
 	int i = (db - kind->dbs) * kind->per_db + k;
+	MemoryContext old;
+	bool registered;
 
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
@@ -260,7 +262,11 @@ start_worker(Kind *kind, Served *db, int k)
 	worker.bgw_main_arg = Int32GetDatum(i);
 	strlcpy(worker.bgw_extra, db->name, BGW_EXTRALEN);
 	worker.bgw_notify_pid = MyProcPid;
-	if (!RegisterDynamicBackgroundWorker(&worker, &db->handles[k]))
+	/* The handle outlives the pass, whose memory is reset. */
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	registered = RegisterDynamicBackgroundWorker(&worker, &db->handles[k]);
+	MemoryContextSwitchTo(old);
+	if (!registered)
 	{
 		db->handles[k] = NULL;
 		db->start_at[k] = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), obx_poll_interval_ms);
