@@ -125,7 +125,14 @@ CREATE TABLE obx.subscriptions (
 		CHECK (consumer_name ~ '^[A-Za-z0-9._-]{1,200}$'),
 	topics				text[]		NOT NULL
 		CHECK (cardinality(topics) > 0),
-	handler				regprocedure NOT NULL,
+	/*
+	 * The handler by name, schema-qualified ("app.on_order(obx.inbound_event)"),
+	 * not by OID: pg_upgrade keeps no function's OID.  handler_owner is the
+	 * function's owner when it was subscribed; a function of that name that
+	 * another role owns is not the handler (obx._handler).
+	 */
+	handler				text		NOT NULL,
+	handler_owner		regrole,
 	options				jsonb		NOT NULL DEFAULT '{}',
 	owner				regrole		NOT NULL,
 	created_at			timestamptz NOT NULL DEFAULT now(),
@@ -474,24 +481,52 @@ LANGUAGE C VOLATILE;
 
 /*
  * The handler runs as the subscription's owner.  Subscriptions are written
- * by obx.subscribe (as the extension owner, which sets the owner it
- * checked); nobody else is granted writes.  Should a superuser grant them
- * anyway, a row written by a non-superuser is owned by that writer, so a
+ * by obx.subscribe (as the extension owner, which sets the owner and the
+ * handler's owner it checked); nobody else is granted writes.  Should a
+ * superuser grant them anyway, a row written by a non-superuser is owned by
+ * that writer, and its handler_owner is the function's current owner, so a
  * role allowed to write subscriptions cannot make a handler run as someone
- * else.
+ * else.  Every row's handler is written in its schema-qualified form, the
+ * one obx._handler resolves whatever the search_path.
  */
 CREATE FUNCTION obx._subscription_owner()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	fn regprocedure := pg_catalog.to_regprocedure(NEW.handler);
 BEGIN
 	IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
 					  WHERE r.rolname = current_user), false) THEN
 		NEW.owner := current_user::regrole;
+		NEW.handler_owner := NULL;
+	END IF;
+	IF fn IS NOT NULL THEN
+		NEW.handler := fn::text;
+		IF NEW.handler_owner IS NULL THEN
+			NEW.handler_owner := (SELECT p.proowner FROM pg_catalog.pg_proc p
+								   WHERE p.oid = fn)::regrole;
+		END IF;
 	END IF;
 	RETURN NEW;
 END
+$$;
+
+/*
+ * The function a subscription's handler names, while it is owned by the
+ * role that owned it when subscribed; NULL otherwise (dropped, renamed,
+ * or re-created by another role).
+ */
+CREATE FUNCTION obx._handler(s obx.subscriptions)
+RETURNS regprocedure
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT p.oid::pg_catalog.regprocedure
+	  FROM pg_catalog.pg_proc p
+	 WHERE p.oid = pg_catalog.to_regprocedure(s.handler)
+	   AND p.proowner = s.handler_owner
 $$;
 
 CREATE TRIGGER subscriptions_owner
@@ -621,8 +656,10 @@ AS $$
 	SELECT CASE
 		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)
 		THEN format('its owner (role with OID %s) no longer exists', s.owner::oid)
-		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = s.handler)
+		WHEN pg_catalog.to_regprocedure(s.handler) IS NULL
 		THEN 'its handler no longer exists'
+		WHEN obx._handler(s) IS NULL
+		THEN 'its handler belongs to another role than when it was subscribed'
 		WHEN s.topics IS NULL OR pg_catalog.cardinality(s.topics) = 0
 			 OR pg_catalog.array_position(s.topics, NULL) IS NOT NULL
 			 OR EXISTS (SELECT 1 FROM pg_catalog.unnest(s.topics) t
@@ -738,14 +775,17 @@ BEGIN
 		RAISE EXCEPTION USING ERRCODE = problem[1], MESSAGE = problem[2], HINT = problem[3];
 	END IF;
 
-	INSERT INTO obx.subscriptions AS s (consumer_name, topics, handler, options, owner)
-	VALUES (_subscribe.consumer_name, _subscribe.topics, _subscribe.handler,
-			_subscribe.options, owner_role::regrole)
+	INSERT INTO obx.subscriptions AS s (consumer_name, topics, handler, handler_owner,
+										options, owner)
+	VALUES (_subscribe.consumer_name, _subscribe.topics, _subscribe.handler::text,
+			fn.proowner::regrole, _subscribe.options, owner_role::regrole)
 	ON CONFLICT ON CONSTRAINT subscriptions_pkey DO UPDATE
 	   SET topics = excluded.topics, handler = excluded.handler,
+		   handler_owner = excluded.handler_owner,
 		   options = excluded.options, owner = excluded.owner, updated_at = now()
-	 WHERE (s.topics, s.handler, s.options, s.owner)
-		   IS DISTINCT FROM (excluded.topics, excluded.handler, excluded.options, excluded.owner);
+	 WHERE (s.topics, s.handler, s.handler_owner, s.options, s.owner)
+		   IS DISTINCT FROM (excluded.topics, excluded.handler, excluded.handler_owner,
+							 excluded.options, excluded.owner);
 END
 $$;
 
@@ -868,6 +908,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	d obx.dead_letters;
+	sub text;
 	fn regprocedure;
 	applied integer := 0;
 BEGIN
@@ -879,12 +920,16 @@ BEGIN
 			  WHERE l.id = ANY (ids) AND l.replayed_at IS NULL
 			  ORDER BY l.id FOR UPDATE
 	LOOP
-		SELECT s.handler INTO fn FROM obx.subscriptions s
+		SELECT s.consumer_name, obx._handler(s) INTO sub, fn FROM obx.subscriptions s
 		 WHERE s.consumer_name = d.consumer_name;
 		BEGIN
-			IF fn IS NULL THEN
+			IF sub IS NULL THEN
 				RAISE EXCEPTION 'no obx subscription "%"', d.consumer_name
 					USING ERRCODE = 'undefined_object';
+			ELSIF fn IS NULL THEN
+				RAISE EXCEPTION 'the handler of obx subscription "%" no longer exists', d.consumer_name
+					USING ERRCODE = 'undefined_function',
+						  HINT = 'obx.consumers.problem says why; obx.subscribe names a handler again.';
 			END IF;
 			/* A tombstone (no payload, no raw value) is replayed as one. */
 			IF d.event_id IS NULL OR (d.payload IS NULL AND d.raw_payload IS NOT NULL) THEN

@@ -85,7 +85,7 @@ copy_text(HeapTuple tup, TupleDesc desc, int col)
  * fail the read.
  */
 static const char *subscriptions_sql =
-	"SELECT s.consumer_name, s.topics, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid,"
+	"SELECT s.consumer_name, s.topics, p.oid, s.owner::pg_catalog.oid,"
 	"       p.oid IS NULL,"
 	"       CASE WHEN q.problem IS NULL"
 	"            THEN coalesce(s.options->>'start', 'earliest') END,"
@@ -95,14 +95,14 @@ static const char *subscriptions_sql =
 	"       ARRAY(SELECT k.value FROM pg_catalog.jsonb_each_text(s.options->'kafka') k ORDER BY k.key) END,"
 	"       CASE WHEN q.problem IS NULL THEN"
 	"       ARRAY(SELECT pg_catalog.jsonb_array_elements_text(s.options->'retry_sqlstates')) END,"
-	"       pg_catalog.concat_ws('|', s.topics::pg_catalog.text, s.handler::pg_catalog.oid,"
+	"       pg_catalog.concat_ws('|', s.topics::pg_catalog.text, p.oid,"
 	"                 s.owner::pg_catalog.oid,"
 	"                 s.options::pg_catalog.text, p.oid IS NULL, q.problem),"
 	"       q.problem,"
 	"       CASE WHEN q.problem IS NULL THEN s.options->>'handler_timeout_ms' END,"
 	"       CASE WHEN q.problem IS NULL THEN s.options->>'max_attempts' END"
 	"  FROM obx.subscriptions s"
-	"  LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler"
+	"  LEFT JOIN pg_catalog.pg_proc p ON p.oid = obx._handler(s)"
 	"  CROSS JOIN LATERAL (SELECT obx._subscription_problem(s) AS problem) q"
 	" ORDER BY s.consumer_name";
 

@@ -397,13 +397,14 @@ obx_replay_handler(PG_FUNCTION_ARGS)
 	TupleDesc desc;
 	bool isnull;
 	char *timeout;
+	Oid handler;
 	int rc;
 
 	args[0] = Int64GetDatum(id);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "obx could not connect to SPI");
 	rc = SPI_execute_with_args(
-		"SELECT s.handler::pg_catalog.oid, s.owner::pg_catalog.oid,"
+		"SELECT obx._handler(s)::pg_catalog.oid, s.owner::pg_catalog.oid,"
 		"       s.options->>'handler_timeout_ms',"
 		"       ROW(d.event_id, d.event_type, d.topic, d.kafka_partition,"
 		"           d.kafka_offset, d.event_key, d.headers, d.payload,"
@@ -423,7 +424,13 @@ obx_replay_handler(PG_FUNCTION_ARGS)
 	tup = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
 	timeout = SPI_getvalue(tup, desc, 3);
-	obx_call_handler(DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull)),
+	handler = DatumGetObjectId(SPI_getbinval(tup, desc, 1, &isnull));
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("the handler of the subscription of obx dead letter %lld no longer exists",
+						(long long) id)));
+	obx_call_handler(handler,
 					 DatumGetObjectId(SPI_getbinval(tup, desc, 2, &isnull)),
 					 SPI_getbinval(tup, desc, 4, &isnull),
 					 obx_handler_timeout(timeout));

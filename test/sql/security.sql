@@ -236,6 +236,50 @@ RESET ROLE;
 SELECT obx.unsubscribe('orphan') AS by_superuser;
 
 --
+-- A subscription names its handler by schema, name and argument type (so
+-- that pg_upgrade keeps it), and serves it only while the function belongs
+-- to the role that owned it when subscribed: a role that may create
+-- functions in the handler's schema cannot put its own in place of a
+-- dropped handler and have it run as the subscription's owner.
+--
+CREATE SCHEMA shared_fns;
+GRANT USAGE, CREATE ON SCHEMA shared_fns TO regress_mallory;
+CREATE FUNCTION shared_fns.on_order(e obx.inbound_event) RETURNS void
+LANGUAGE sql AS 'SELECT NULL';
+-- The name is stored schema-qualified, whatever the search_path.
+SET search_path = shared_fns, public;
+SELECT obx.subscribe('swapped', ARRAY['orders.placed.v1'], 'on_order(obx.inbound_event)');
+RESET search_path;
+SELECT s.handler, s.handler_owner = current_user::regrole AS owned_by_subscriber,
+       c.problem
+  FROM obx.subscriptions s JOIN obx.consumers c USING (consumer_name)
+ WHERE consumer_name = 'swapped';
+-- Renamed: no longer found.
+ALTER FUNCTION shared_fns.on_order(obx.inbound_event) RENAME TO on_order_v2;
+SELECT problem FROM obx.consumers WHERE consumer_name = 'swapped';
+ALTER FUNCTION shared_fns.on_order_v2(obx.inbound_event) RENAME TO on_order;
+SELECT problem FROM obx.consumers WHERE consumer_name = 'swapped';
+-- Dropped, and re-created by another role: not the handler.
+DROP FUNCTION shared_fns.on_order(obx.inbound_event);
+SET ROLE regress_mallory;
+CREATE FUNCTION shared_fns.on_order(e obx.inbound_event) RETURNS void
+LANGUAGE sql AS 'SELECT NULL';
+RESET ROLE;
+SELECT problem FROM obx.consumers WHERE consumer_name = 'swapped';
+SELECT obx._handler(s) IS NULL AS not_served FROM obx.subscriptions s
+ WHERE consumer_name = 'swapped';
+-- A write that leaves the handler alone does not adopt the new function.
+UPDATE obx.subscriptions SET options = '{"start": "latest"}' WHERE consumer_name = 'swapped';
+SELECT problem FROM obx.consumers WHERE consumer_name = 'swapped';
+-- Subscribing again names it deliberately: then it is served.
+SELECT obx.subscribe('swapped', ARRAY['orders.placed.v1'], 'shared_fns.on_order(obx.inbound_event)');
+SELECT s.handler_owner::text AS handler_owner, c.problem
+  FROM obx.subscriptions s JOIN obx.consumers c USING (consumer_name)
+ WHERE consumer_name = 'swapped';
+SELECT obx.unsubscribe('swapped');
+DROP SCHEMA shared_fns CASCADE;
+
+--
 -- Error texts: only pg_monitor members, superusers and the consumer's
 -- owner (and its members) see them; other readers of the views get NULL.
 --
