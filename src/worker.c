@@ -46,7 +46,7 @@
  *		Register the launcher (launcher.c), which starts obx.workers relay
  *		and obx.consumer_workers consumer workers per database; called while
  *		the shared_preload_libraries are loaded.  Restarted 1 s after it
- *		exits with status 1.
+ *		exits with status 1.  Not in a binary upgrade (pg_upgrade).
  */
 void
 obx_worker_register(void)
@@ -54,6 +54,13 @@ obx_worker_register(void)
 	BackgroundWorker worker;
 
 	if (obx_workers == 0 && obx_consumer_workers == 0)
+		return;
+
+	/*
+	 * pg_upgrade starts both servers in binary-upgrade mode while it moves
+	 * the catalogs: no worker may publish, consume or purge then.
+	 */
+	if (IsBinaryUpgrade)
 		return;
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;

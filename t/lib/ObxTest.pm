@@ -18,7 +18,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep time);
 
-our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster create_topic obx_node obx_primary relay_ready read_topic wait_for_broker
+our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster create_topic obx_node obx_node_at obx_primary relay_ready read_topic wait_for_broker
   wait_until all_published event_ids_at_broker first_occurrences
   enqueue_with_rollbacks
   committed_ids worker_pids relay_pids broker_holds_exactly);
@@ -146,11 +146,21 @@ sub obx_primary
 	return new_obx_node($name, $mock, { allows_streaming => 1 }, %conf);
 }
 
+# obx_node_at($name, $mock, $install, %conf): the same, on the PostgreSQL
+# installed in $install (another major) instead of the one on PATH.
+sub obx_node_at
+{
+	my ($name, $mock, $install, %conf) = @_;
+	return new_obx_node($name, $mock, { install_path => $install }, %conf);
+}
+
 sub new_obx_node
 {
 	my ($name, $mock, $init, %conf) = @_;
-	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init(%$init);
+	my %init = %$init;
+	my $install = delete $init{install_path};
+	my $node = PostgreSQL::Test::Cluster->new($name, $install ? (install_path => $install) : ());
+	$node->init(%init);
 	my %settings = (
 		'shared_preload_libraries' => "'obx'",
 		'obx.brokers' => "'$mock->{bootstrap}'",
