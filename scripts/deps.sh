@@ -47,11 +47,12 @@ obx_install_kafka()
 OBX_PG_VERSIONS="14.23.0 16.15.0 17.11.0 18.6.0"
 export OBX_PG_ROOT="${OBX_PG_ROOT:-/var/cache/obx/postgresql}"
 
-# obx_pg_config MAJOR: the pg_config of that major (15: Debian's).
+# obx_pg_config MAJOR: the pg_config of that major (15: PG_CONFIG if set,
+# else Debian's).
 obx_pg_config()
 {
 	if [ "$1" = 15 ]; then
-		echo /usr/lib/postgresql/15/bin/pg_config
+		echo "${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}"
 	else
 		echo "$OBX_PG_ROOT/$1/bin/pg_config"
 	fi
