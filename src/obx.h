@@ -37,6 +37,8 @@
  *	  consumer_sql.c	subscribe, unsubscribe, mark_processed: who calls
  *	  trace.c	W3C trace context merged into an enqueued event's headers
  *	  cloudevents.c	CloudEvents binary-mode headers of a produced record
+ *	  compat.c	what differs between PostgreSQL 14 and 18 (compat.h: the
+ *				one place that tests PG_VERSION_NUM)
  *
  *-------------------------------------------------------------------------
  */
