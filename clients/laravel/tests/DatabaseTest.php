@@ -202,7 +202,7 @@ class DatabaseTest extends TestCase
             ['start' => 'earliest', 'kafka' => ['session.timeout.ms' => '6000']]);
         $this->assertEquals((object) [
             'topics' => '{orders.placed.v1,orders.cancelled.v1}',
-            'handler' => 'handle_order(obx.inbound_event)',
+            'handler' => 'public.handle_order(obx.inbound_event)',
             'options' => '{"kafka": {"session.timeout.ms": "6000"}, "start": "earliest"}',
         ], DB::selectOne("select topics::text, handler::text, options::text
                             from obx.subscriptions where consumer_name = 'billing'"));
