@@ -83,6 +83,8 @@ bench_drain()
 	}
 
 	# obx: restart with the default relay and poll until nothing is pending.
+	local broker0
+	broker0=$(cpu_ms $(broker_pids))
 	pg_phase
 	statements_reset
 	local t0 t_end line
@@ -90,6 +92,9 @@ bench_drain()
 		echo "bench: obx did not drain $n events within ${timeout}s; $(sql_value "SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL") still pending" >&2
 		return 1
 	}
+	# The relay workers' CPU since they started, the brokers' since the restart.
+	drain_relay_per_k=$(per_k "$(cpu_ms $(relay_pids))" "$n")
+	drain_broker_per_k=$(per_k "$(($(cpu_ms $(broker_pids)) - broker0))" "$n")
 	t0=$(sql_value "SELECT extract(epoch FROM min(started_at)) FROM obx.workers")
 	local obx_s relay_s
 	obx_s=$(calc "$t_end - $t0" 3)
@@ -109,6 +114,7 @@ bench_drain()
 		echo "baseline: librdkafka alone (idempotent, acks=all), no database | $(calc "$rk_s" 3) | $rk_rate | $(calc "$obx_rate / $rk_rate")"
 	} | table
 	echo "obx check: $check; relay start -> last published_at: ${relay_s}s"
+	echo "CPU per 1,000 events drained: relay workers $drain_relay_per_k ms$([ -n "$kafka_dir" ] && echo ", brokers $drain_broker_per_k ms")"
 	local ratio
 	ratio=$(calc "$obx_rate / $upd_rate")
 	echo "target: obx drain ≥ 80% of the UPDATE baseline: $(calc "100 * $ratio" 0)% — $(verdict "$(awk "BEGIN { print ($ratio >= 0.80) }")")"

@@ -39,6 +39,12 @@
 # and rate, no relay work).  The second shows what the host's load alone
 # does to a bare producer's latency on this machine; the ratio column is
 # against it.
+#
+# CPU per 1,000 events (second table): the relay workers' and, with
+# KAFKA=real, the brokers' CPU from the load's start until all is
+# published, against the same run's drain and against the brokers' CPU
+# under Kafka's Java producer at the same rate (java_reference); the
+# method is in docs/benchmarks.md.
 
 bench_latency()
 {
@@ -56,7 +62,7 @@ bench_latency()
 	pg_phase "track_commit_timestamp = on"
 	ensure_messages
 
-	local rows="" rate verdict_line=""
+	local rows="" cpu_rows="" rate verdict_line=""
 	for rate in $rates; do
 		local topic=bench.latency.$rate
 		bench_topic "$topic" "$topic.librdkafka" "$topic.librdkafka.loaded"
@@ -75,13 +81,22 @@ bench_latency()
 		local seq0
 		seq0=$(sql_value "$last_seq_sql")
 		statements_reset
+		local relays relay0 broker0
+		relays=$(relay_pids)
+		relay0=$(cpu_ms $relays)
+		broker0=$(cpu_ms $(broker_pids))
 
 		# The load, with the relay's backlog sampled every second.
-		local out tps lag pgb peak=0 pending
+		local out tps lag pgb peak=0 pending perf_pid=""
 		run_pgbench -c "$clients" -j "$threads" -R "$rate" -T "$secs" -M prepared \
 			-f "$work/latency_$rate.sql" >"$work/latency_$rate.log" 2>&1 &
 		pgb=$!
 		bench_jobs="$bench_jobs $pgb"
+		if [ "${BENCH_PERF:-0}" = 1 ]; then
+			perf record -q -e cpu-clock -F 499 -g -o "$work/perf_$rate.data" -p "$(echo $relays | tr ' ' ,)" \
+				-- sleep "$secs" >/dev/null 2>&1 &
+			perf_pid=$!
+		fi
 		while kill -0 "$pgb" 2>/dev/null; do
 			sleep 1 # the backlog's sampling period
 			pending=$(sql_value "SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL AND seq > $seq0")
@@ -98,6 +113,10 @@ bench_latency()
 		local settled unpublished=""
 		settled=$(settle_relay "${LATENCY_SETTLE_TIMEOUT:-120}") ||
 			unpublished=" (not all published $settled; those count as infinitely late)"
+		[ -n "$perf_pid" ] && wait "$perf_pid" && perf_summary "$work/perf_$rate.data" "$rate"
+		local relay_ms broker_ms
+		relay_ms=$(($(cpu_ms $relays) - relay0))
+		broker_ms=$(($(cpu_ms $(broker_pids)) - broker0))
 		statements_print
 
 		# Read the topic back: CreateTime (ms) and the event_id header.
@@ -169,6 +188,17 @@ bench_latency()
 		l99=$(sed -n 's/.*p99_ms=\([0-9.]*\).*/\1/p' <<<"$loaded")
 		lmax=$(sed -n 's/.*max_ms=\([0-9.]*\).*/\1/p' <<<"$loaded")
 
+		local relay_k broker_k java_k="-" vs_java="-"
+		relay_k=$(per_k "$relay_ms" "$events")
+		broker_k=$(per_k "$broker_ms" "$events")
+		if [ -n "$kafka_dir" ]; then
+			bench_topic "$topic.java"
+			java_k=$(java_reference "$topic.java" "$rate" "$secs") || return 1
+			vs_java=$(ratio "$broker_k" "$java_k")
+		fi
+		cpu_rows="$cpu_rows
+$rate/s | $relay_k | $(ratio "$relay_k" "${drain_relay_per_k:--}") | $broker_k | $java_k | $vs_java"
+
 		rows="$rows
 $rate/s (achieved $(calc "$tps" 0)/s, $events events$unpublished, peak backlog $peak, client lag avg ${lag:-?} ms) | $up_label | $up50 | $up99 | $upmax | $(ratio "$up99" "$l99")
  | $low_label | $lo50 | $lo99 | $lomax | $(ratio "$lo99" "$l99")
@@ -186,4 +216,50 @@ $rate/s (achieved $(calc "$tps" 0)/s, $events events$unpublished, peak backlog $
 		echo "${rows#?}"
 	} | table
 	echo "${verdict_line:-target: p99 ≤ 20 ms at 2,000 events/s — not measured (2000 not in LATENCY_RATES)}"
+
+	echo
+	echo "CPU per 1,000 events, from the load's start until all is published (relay: the relay workers with their librdkafka threads; brokers: the three broker processes; Java: the brokers while Kafka's Java producer sends as many records of the same size at the same rate, linger.ms=5)"
+	{
+		echo "rate | relay ms | relay / drain (${drain_relay_per_k:-not run} ms) | brokers ms | brokers ms, Java producer | brokers obx / Java"
+		echo "${cpu_rows#?}"
+	} | table
+	[ -z "$drain_relay_per_k" ] && echo "(run the drain benchmark in the same bench/run for the relay / drain ratio)"
+	return 0
+}
+
+# perf_summary DATA RATE: where the relay workers' CPU went during the load
+# (BENCH_PERF=1: perf record of the relay processes and their librdkafka
+# threads, 499 samples a second): shares per thread kind, then the
+# relay's top functions with their callers folded in.
+perf_summary()
+{
+	perf report -q -i "$1" --no-children --sort comm --stdio -g none >"$1.threads" 2>/dev/null || true
+	perf report -q -i "$1" --children --sort sym --stdio -g none >"$1.functions" 2>/dev/null || true
+	echo "-- relay profile at $2/s (perf, $1): share of samples per thread"
+	grep -v -e '^$' -e '^#' "$1.threads" | sed -n 1,12p
+	echo "-- relay profile at $2/s: top functions, children included (what each step costs)"
+	grep -v -e '^$' -e '^#' "$1.functions" | sed -n 1,40p
+	return 0
+}
+
+# java_reference TOPIC RATE SECONDS: the brokers' CPU per 1,000 records
+# while Kafka's own Java producer (ProducerPerformance, from the broker's
+# kafka-tools jar) sends RATE records/s of the benchmark's average payload
+# size for SECONDS: acks=all, idempotent, linger.ms=5 (what Kafka Connect's
+# producers use), spread over the partitions in turn (RoundRobinPartitioner)
+# as the benchmark's random keys spread obx's events.
+java_reference()
+{
+	local topic=$1 rate=$2 secs=$3 size b0
+	size=$(awk -F'\t' '{ n++; s += length($3) } END { print int(s / n) }' "$work/messages.tsv")
+	b0=$(cpu_ms $(broker_pids))
+	java -cp "$OBX_KAFKA_LIBS/*" org.apache.kafka.tools.ProducerPerformance \
+		--topic "$topic" --num-records $((rate * secs)) --record-size "$size" --throughput "$rate" \
+		--producer-props bootstrap.servers="$brokers" acks=all enable.idempotence=true linger.ms=5 \
+		partitioner.class=org.apache.kafka.clients.producer.RoundRobinPartitioner \
+		>"$work/java_$rate.log" 2>&1 || {
+		cat "$work/java_$rate.log" >&2
+		return 1
+	}
+	per_k "$(($(cpu_ms $(broker_pids)) - b0))" "$((rate * secs))"
 }

@@ -14,6 +14,10 @@ kafka_dir=""    # the real cluster's directory (tools/kafka-cluster), KAFKA=real
 pg_started=0
 # PIDs of background jobs a benchmark started; bench_stop ends them.
 bench_jobs=""
+# CPU per 1,000 events of the last drain (bench/drain.sh), the reference
+# of the latency benchmark's CPU figures.
+drain_relay_per_k=""
+drain_broker_per_k=""
 
 # Wait for a condition, polling every 0.1 s, at most $1 seconds.
 wait_for()
@@ -351,6 +355,39 @@ last_seq_sql="SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
 machine_load()
 {
 	cut -d' ' -f1-3 /proc/loadavg
+}
+
+# cpu_ms PID...: the CPU time (user + system, every thread) these processes
+# have used since they started, in milliseconds, from /proc/PID/stat (the
+# fields after the command name, which may hold spaces).  A process that is
+# gone counts 0.
+cpu_ms()
+{
+	local p ticks total=0
+	for p in "$@"; do
+		ticks=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 }')
+		total=$((total + ${ticks:-0}))
+	done
+	echo $((total * 1000 / $(getconf CLK_TCK)))
+}
+
+# relay_pids: the server's relay workers.  broker_pids: the real
+# cluster's broker processes (none with the stand-in).
+relay_pids()
+{
+	sql -tA -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'obx relay'"
+}
+
+broker_pids()
+{
+	[ -n "$kafka_dir" ] && sed -n 's/^pid[0-9]*=//p' "$kafka_dir/cluster.env"
+	return 0
+}
+
+# per_k MS EVENTS: milliseconds per 1,000 events.
+per_k()
+{
+	calc "$1 * 1000 / ($2 > 0 ? $2 : 1)" 1
 }
 
 # ensure_messages: $work/messages.tsv holds DRAIN_EVENTS messages (key,
