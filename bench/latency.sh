@@ -62,7 +62,7 @@ bench_latency()
 	pg_phase "track_commit_timestamp = on"
 	ensure_messages
 
-	local rows="" cpu_rows="" rate verdict_line=""
+	local rows="" cpu_rows="" cpu_verdicts="" rate verdict_line=""
 	for rate in $rates; do
 		local topic=bench.latency.$rate
 		bench_topic "$topic" "$topic.librdkafka" "$topic.librdkafka.loaded"
@@ -196,8 +196,14 @@ bench_latency()
 			java_k=$(java_reference "$topic.java" "$rate" "$secs") || return 1
 			vs_java=$(ratio "$broker_k" "$java_k")
 		fi
+		local vs_drain
+		vs_drain=$(ratio "$relay_k" "${drain_relay_per_k:--}")
 		cpu_rows="$cpu_rows
-$rate/s | $relay_k | $(ratio "$relay_k" "${drain_relay_per_k:--}") | $broker_k | $java_k | $vs_java"
+$rate/s | $relay_k | $vs_drain | $broker_k | $java_k | $vs_java"
+		[ "$vs_drain" != - ] && cpu_verdicts="$cpu_verdicts
+target: relay CPU per event at $rate/s ≤ 2 × its drain cost: ${vs_drain}× — $(verdict "$(awk -v v="$vs_drain" 'BEGIN { print (v <= 2) }')")"
+		[ "$rate" = 500 ] && [ "$vs_java" != - ] && cpu_verdicts="$cpu_verdicts
+target: brokers' CPU per event at 500/s ≤ under Kafka's Java producer: ${vs_java}× — $(verdict "$(awk -v v="$vs_java" 'BEGIN { print (v <= 1) }')")"
 
 		rows="$rows
 $rate/s (achieved $(calc "$tps" 0)/s, $events events$unpublished, peak backlog $peak, client lag avg ${lag:-?} ms) | $up_label | $up50 | $up99 | $upmax | $(ratio "$up99" "$l99")
@@ -223,6 +229,7 @@ $rate/s (achieved $(calc "$tps" 0)/s, $events events$unpublished, peak backlog $
 		echo "rate | relay ms | relay / drain (${drain_relay_per_k:-not run} ms) | brokers ms | brokers ms, Java producer | brokers obx / Java"
 		echo "${cpu_rows#?}"
 	} | table
+	[ -n "$cpu_verdicts" ] && echo "${cpu_verdicts#?}"
 	[ -z "$drain_relay_per_k" ] && echo "(run the drain benchmark in the same bench/run for the relay / drain ratio)"
 	return 0
 }

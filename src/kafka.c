@@ -175,8 +175,9 @@ error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
  * file, then what obx's guarantees need, which wins over the user's.
  *
  * A claim hands librdkafka a whole batch at once (obx.claim_gap gathers
- * the commits of a busy moment), so a long linger.ms would only add its
- * own wait.  Nagle's algorithm off: with it on, a request written while the
+ * the commits of a busy moment).  linger.ms is long enough that the batch
+ * leaves in one produce request per broker, not split by the time it takes
+ * to hand it over, and short beside a turn (docs/configuration.md).  Nagle's algorithm off: with it on, a request written while the
  * broker has not yet acknowledged the previous one on that connection
  * waits for that acknowledgement.  Reconnects: librdkafka doubles the wait
  * between attempts to reach a broker up to reconnect.backoff.max.ms
@@ -196,7 +197,7 @@ set_producer_properties(rd_kafka_conf_t *conf, char *errbuf, size_t errlen)
 		!obx_kafka_set(conf, "acks", "all", errbuf, errlen) ||
 		!obx_kafka_set(conf, "message.timeout.ms", timeout, errbuf, errlen) ||
 		!obx_kafka_set(conf, "partitioner", "murmur2_random", errbuf, errlen) ||
-		!obx_kafka_set(conf, "linger.ms", "1", errbuf, errlen) ||
+		!obx_kafka_set(conf, "linger.ms", "5", errbuf, errlen) ||
 		!obx_kafka_set(conf, "socket.nagle.disable", "true", errbuf, errlen) ||
 		!obx_kafka_set(conf, "reconnect.backoff.ms", "50", errbuf, errlen) ||
 		!obx_kafka_set(conf, "reconnect.backoff.max.ms", "250", errbuf, errlen) ||

@@ -44,7 +44,7 @@ int obx_workers = 2;
 int obx_lease_timeout_s = 60;
 int obx_batch_size = 2000;
 int obx_poll_interval_ms = 1000;
-int obx_claim_gap_ms = 10;
+int obx_claim_gap_ms = 40;
 int obx_max_attempts = 10;
 int obx_backoff_min_ms = 100;
 int obx_backoff_max_ms = 60000;
@@ -277,7 +277,7 @@ define_relay_gucs(void)
 							"that come sooner wait and are claimed together, by "
 							"whichever worker is free.",
 							&obx_claim_gap_ms,
-							10, 0, 1000,
+							40, 0, 1000,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
