@@ -12,7 +12,7 @@ OBJS = src/obx.o src/launcher.o src/worker.o src/turns.o src/enqueue.o src/enque
 	src/consumer.o src/consumer_group.o src/held.o src/inbox.o src/inbox_group.o src/progress.o src/inbound.o src/handler.o \
 	src/consumer_sql.o src/trace.o src/cloudevents.o src/compat.o
 EXTENSION = obx
-DATA = obx--1.0.sql
+DATA = obx--1.0.sql obx--1.0--1.1.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"
 
 SHLIB_LINK = -lrdkafka

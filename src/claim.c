@@ -1,41 +1,36 @@
 /*-------------------------------------------------------------------------
  *
  * claim.c
- *	  The claim: leasing a batch of publishable events of obx.outbox_events
+ *	  The claim: leasing a batch of publishable events of obx.events
  *	  to a relay worker, in one short transaction, and making sure what it
  *	  took is durable before anything of it is produced.
  *
  * The claim is where per-key order is decided.  A key is blocked while a
- * lease holds one of its events, or while one of its unpublished events is
- * backing off, or quarantined (when obx.quarantine_blocks_key is on); an
- * event is claimable when it is unpublished, not quarantined, due,
- * and its key is not blocked.  Claims are serialized by a
- * transaction-level advisory lock, so a claim always sees the leases of
- * the claims before it, and a claim takes the earliest claimable events in
- * seq order, up to obx.batch_size of them or until their payloads pass
- * OBX_BATCH_BYTES.  Together this means the events of a key a worker
- * holds are always a prefix of that key's unpublished events, and no two
- * workers ever hold events of the same key.  No cursor ("ids after the last one
- * seen") is kept, so an event whose transaction commits late is found by
- * the next claim like any other.
+ * live lease holds one of its events, or while one of its events is backing
+ * off, or quarantined (when obx.quarantine_blocks_key is on); an event is
+ * claimable when it is unpublished, not quarantined, due, and its key is
+ * not blocked.  Claims are serialized by a transaction-level advisory lock,
+ * so a claim always sees the leases of the claims before it, and a claim
+ * takes the earliest claimable events in seq order, up to obx.batch_size
+ * of them or until their payloads pass OBX_BATCH_BYTES.  Together this
+ * means the events of a key a worker holds are always a prefix of that
+ * key's unpublished events, and no two workers ever hold events of the
+ * same key.
  *
- * A lease is one row of obx.leases per batch (the events' ids, topics and
- * keys), not a write to each claimed event: an event is written once on
- * its way to Kafka, when the record step (outbox.c) marks it published or
- * failed.  An expired lease keeps blocking its keys until a claim deletes
- * it, in a statement of its own before its snapshot, so that a stalled
- * worker coming back finds its lease gone (its renewal and its record step
- * check for it) whenever another claim may have taken its events over.
- * Each worker's claims do that at most every OBX_EXPIRE_INTERVAL_MS: leases
- * expire only when a worker stalls or dies, and the statement scans every
- * lease, live and dead, of a table that churns with every batch.
+ * Nothing is written into an event: the outbox is a log (docs/internals.md,
+ * "The outbox log").  A claim appends one row to obx.claims: its lease (the
+ * events' ids, topics and keys, until when) and its tick: its snapshot and
+ * its floor, the lowest seq it found unpublished.  The next claim reads the
+ * unpublished events from that tick (obx._unpublished): from the floor on,
+ * in seq order, plus the events of transactions the snapshot did not see
+ * (late committers, whatever their seq).  A lease ends when its record is
+ * appended (outbox.c) or when it runs out: an expired lease is simply no
+ * longer live for the next claim.  The lease id is drawn under the claim
+ * lock, so claims after a tick have higher ids than the tick's; that is how
+ * the claim bounds the records and leases it reads.
  *
- * The blocked keys come from the leases (at most two batches
- * per worker) and from outbox_events_active_idx, which holds only the
- * unpublished events that have failed (usually none; after an outage, the
- * events that failed until they are published).  They are hashed once per
- * claim, so a claim costs the batch it takes plus the events it skips,
- * never a probe per event.
+ * The plan is custom (planned for the tick's values): the floor and the
+ * snapshot's horizon move, and the seq and xid indexes' ranges with them.
  *
  *-------------------------------------------------------------------------
  */
@@ -53,11 +48,13 @@
 #include "tcop/tcopprot.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
+#include "utils/xid8.h"
 
 #include "obx.h"
 #include "compat.h"
@@ -65,64 +62,84 @@
 #include "worker.h"
 #include "outbox.h"
 
-/* Advisory lock key serializing claims: ("obx" in ASCII, 1). */
-#define OBX_CLAIM_LOCK_CLASS  0x6f6278
-#define OBX_CLAIM_LOCK_OBJECT 1
+/* A floor past every seq: every event the tick's snapshot saw is published. */
+#define OBX_FLOOR_NONE PG_INT64_MAX
 
-/* How often a worker's claims delete expired leases (see above). */
-#define OBX_EXPIRE_INTERVAL_MS 1000
-
-static SPIPlanPtr claim_start_plan = NULL;
-static SPIPlanPtr expire_plan = NULL;
-static TimestampTz next_expire = 0; /* this worker's next deletion of expired leases */
+static SPIPlanPtr claim_lock_plan = NULL;
+static SPIPlanPtr lease_id_plan = NULL;
+static SPIPlanPtr tick_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr floor_plan = NULL;
 static SPIPlanPtr lease_plan = NULL;
 
-/* The lease id is drawn first, then the claim lock is taken. */
-static const char *claim_start_sql =
-	"SELECT pg_catalog.nextval('obx.lease_seq'),"
-	" pg_catalog.pg_advisory_xact_lock($1, $2)";
+/* The claim lock is taken first, then the lease id is drawn. */
+static const char *claim_lock_sql = "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)";
+static const char *lease_id_sql = "SELECT pg_catalog.nextval('obx.lease_seq')";
 
-static const char *expire_sql =
-	"DELETE FROM obx.leases l WHERE l.until < pg_catalog.now()";
+/* The tick the claim starts from: the latest claim's floor, snapshot, id. */
+static const char *tick_sql = "SELECT t.floor, t.snap, t.tick FROM obx._tick() t";
 
 /*
  * The claimable events in seq order ($1: obx.quarantine_blocks_key, $2:
- * obx.batch_size), each with its payload as stored and its inserting
- * transaction (xmin).
+ * obx.batch_size, $3-$5: the tick), each with its payload as stored and
+ * its inserting transaction; held events (obx.event_states) among them.
  */
 static const char *claim_sql =
 	"WITH blocked AS MATERIALIZED ("
 	"  SELECT k.topic, k.event_key"
-	"    FROM obx.leases l,"
+	"    FROM obx._live_leases($3, $5) l,"
 	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"
 	"           AS k(topic, event_key)"
 	"  UNION"
-	"  SELECT b.topic, b.event_key"
-	"    FROM obx.outbox_events b"
-	"   WHERE b.published_at IS NULL"
-	"     AND (b.next_attempt_at > '-infinity' OR b.quarantined_at IS NOT NULL)"
-	"     AND (b.next_attempt_at > pg_catalog.now()"
-	"          OR (b.quarantined_at IS NOT NULL AND $1))"
+	"  SELECT s.topic, s.event_key"
+	"    FROM obx.event_states s"
+	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"
+	"     AND (s.next_attempt_at > pg_catalog.now()"
+	"          OR (s.quarantined_at IS NOT NULL AND $1))"
 	")"
-	"SELECT e.seq, e.id, e.topic, e.event_key, e.payload,"
-	"       e.event_type, e.attempts,"
-	"       CASE WHEN e.headers IS NOT NULL THEN"
+	"SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"
+	"       c.event_type, c.attempts,"
+	"       CASE WHEN c.headers IS NOT NULL THEN"
 	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
-	"            FROM pg_catalog.jsonb_each_text(e.headers) AS h) END AS headers,"
-	"       e.xmin, e.occurred_at"
-	"  FROM obx.outbox_events e"
-	" WHERE e.published_at IS NULL"
-	"   AND e.quarantined_at IS NULL"
-	"   AND e.next_attempt_at <= pg_catalog.now()"
-	"   AND (e.topic, e.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
-	" ORDER BY e.seq"
+	"            FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"
+	"       c.xid, c.occurred_at, c.held"
+	"  FROM (SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"
+	"               0 AS attempts, u.headers, u.xid, u.occurred_at, false AS held"
+	"          FROM obx._unpublished($3, $4, $5) u"
+	"        UNION ALL"
+	"        SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"
+	"               s.attempts, s.headers, NULL::pg_catalog.xid8, s.occurred_at, true"
+	"          FROM obx.event_states s"
+	"         WHERE s.published_at IS NULL AND s.skipped_at IS NULL"
+	"           AND s.quarantined_at IS NULL"
+	"           AND s.next_attempt_at <= pg_catalog.now()) c"
+	" WHERE (c.topic, c.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
+	" ORDER BY c.seq"
 	" LIMIT $2";
 
-/* The lease of a claimed batch: its events' ids, topics and keys. */
+/*
+ * The new tick, under the claim's snapshot: the lowest unpublished seq
+ * (the events just claimed included: they are not published yet), and
+ * the snapshot itself.
+ */
+static const char *floor_sql =
+	"SELECT coalesce((SELECT u.seq FROM obx._unpublished($1, $2, $3) u"
+	"                  ORDER BY u.seq LIMIT 1), $4),"
+	"       pg_catalog.pg_current_snapshot()";
+
+/* The claim's row: its lease (none for a tick alone) and its tick. */
 static const char *lease_sql =
-	"INSERT INTO obx.leases (lease_id, owner, until, ids, topics, keys)"
-	" VALUES ($1, $2, pg_catalog.now() + pg_catalog.make_interval(secs => $3), $4, $5, $6)";
+	"INSERT INTO obx.claims (lease_id, owner, until, snap, floor, max_seq, ids, topics, keys)"
+	" VALUES ($1, $2, pg_catalog.now() + pg_catalog.make_interval(secs => $3),"
+	"         $4, $5, $6, $7, $8, $9)";
+
+/* The tick a claim starts from, and the one it leaves. */
+typedef struct ClaimTick
+{
+	Datum floor;
+	Datum snap; /* pg_snapshot, in the step's memory */
+	Datum tick;
+} ClaimTick;
 
 /*
  * Where the claimed events' commits end in the WAL, and so what must be
@@ -149,24 +166,26 @@ typedef struct ClaimLease
 static volatile sig_atomic_t sync_wait_interrupted = false;
 
 /*
- * The claim's plan is generic: it is the same whatever the parameters
- * (blocked keys hashed, the pending index walked in seq order up to the
- * batch size), and is still rebuilt when the outbox's statistics change.
+ * The claim and the floor are planned for their tick (see above); the rest
+ * are the same whatever their parameters.
  */
 static void
 claim_prepare_plans(void)
 {
-	Oid start_types[2] = {INT4OID, INT4OID};
-	Oid claim_types[2] = {BOOLOID, INT4OID};
-	Oid lease_types[6] = {INT8OID, INT4OID, FLOAT8OID, UUIDARRAYOID,
-						  TEXTARRAYOID, TEXTARRAYOID};
+	Oid lock_types[2] = {INT4OID, INT4OID};
+	Oid claim_types[5] = {BOOLOID, INT4OID, INT8OID, PG_SNAPSHOTOID, INT8OID};
+	Oid floor_types[4] = {INT8OID, PG_SNAPSHOTOID, INT8OID, INT8OID};
+	Oid lease_types[9] = {INT8OID, INT4OID, FLOAT8OID, PG_SNAPSHOTOID, INT8OID,
+						  INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID};
 
 	if (claim_plan != NULL)
 		return;
-	claim_start_plan = obx_prepare_kept(claim_start_sql, 2, start_types);
-	expire_plan = obx_prepare_kept(expire_sql, 0, NULL);
-	claim_plan = obx_prepare_kept_generic(claim_sql, 2, claim_types);
-	lease_plan = obx_prepare_kept(lease_sql, 6, lease_types);
+	claim_lock_plan = obx_prepare_kept_generic(claim_lock_sql, 2, lock_types);
+	lease_id_plan = obx_prepare_kept_generic(lease_id_sql, 0, NULL);
+	tick_plan = obx_prepare_kept_generic(tick_sql, 0, NULL);
+	claim_plan = obx_prepare_kept_custom(claim_sql, 5, claim_types);
+	floor_plan = obx_prepare_kept_custom(floor_sql, 4, floor_types);
+	lease_plan = obx_prepare_kept_generic(lease_sql, 9, lease_types);
 }
 
 static char *
@@ -255,7 +274,7 @@ claim_copy_event(ObxEvent *ev, HeapTuple tup, TupleDesc desc,
 {
 	MemoryContext step_cxt = MemoryContextSwitchTo(caller);
 	bool isnull;
-	TransactionId xmin;
+	Datum xid;
 
 	memcpy(&ev->id, DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull)),
 		   sizeof(pg_uuid_t));
@@ -269,6 +288,7 @@ claim_copy_event(ObxEvent *ev, HeapTuple tup, TupleDesc desc,
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull)) + 1;
 	copy_headers(ev, tup, desc, 8);
 	ev->occurred_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
+	ev->held = DatumGetBool(SPI_getbinval(tup, desc, 11, &isnull));
 	ev->outcome = OBX_OUTCOME_UNSENT;
 	MemoryContextSwitchTo(step_cxt);
 
@@ -276,15 +296,23 @@ claim_copy_event(ObxEvent *ev, HeapTuple tup, TupleDesc desc,
 	lease->topics[i] = CStringGetTextDatum(ev->topic);
 	lease->keys[i] = CStringGetTextDatum(ev->key);
 
-	/* A backlog comes from few transactions: look each one up once. */
-	xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 9, &isnull));
-	if (!wal->settled && xmin != wal->last_xmin)
+	/*
+	 * A backlog comes from few transactions: look each one up once.  A
+	 * held event was published or failed before, so its commit is durable.
+	 */
+	xid = SPI_getbinval(tup, desc, 9, &isnull);
+	if (!wal->settled && !isnull)
 	{
-		XLogRecPtr commit_lsn = TransactionIdGetCommitLSN(xmin);
+		TransactionId xmin = XidFromFullTransactionId(DatumGetFullTransactionId(xid));
 
-		if (commit_lsn > wal->flush_upto)
-			wal->flush_upto = commit_lsn;
-		wal->last_xmin = xmin;
+		if (xmin != wal->last_xmin)
+		{
+			XLogRecPtr commit_lsn = TransactionIdGetCommitLSN(xmin);
+
+			if (commit_lsn > wal->flush_upto)
+				wal->flush_upto = commit_lsn;
+			wal->last_xmin = xmin;
+		}
 	}
 	return ev->payload_len;
 }
@@ -361,7 +389,7 @@ release_claim(ObxBatch *batch)
 	obx_note_change();
 }
 
-/* Draw the lease id and take the claim lock, held until the step commits. */
+/* Take the claim lock, held until the step commits, then draw the lease id. */
 static int64
 claim_start(void)
 {
@@ -370,52 +398,59 @@ claim_start(void)
 	bool isnull;
 	int rc;
 
-	rc = SPI_execute_plan(claim_start_plan, args, NULL, false, 1);
+	rc = SPI_execute_plan(claim_lock_plan, args, NULL, false, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx could not take the claim lock: %s", SPI_result_code_string(rc));
+	rc = SPI_execute_plan(lease_id_plan, NULL, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "obx could not draw a lease id and take the claim lock: %s",
-			 SPI_result_code_string(rc));
+		elog(ERROR, "obx could not draw a lease id: %s", SPI_result_code_string(rc));
 	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 									   SPI_tuptable->tupdesc, 1, &isnull));
 }
 
-/*
- * Delete the expired leases, at most every OBX_EXPIRE_INTERVAL_MS: a
- * statement of its own, since the claim's snapshot must see its effect.
- * Returns whether any lease went.
- */
-static bool
-expire_leases(void)
+/* Read the tick the claim starts from into tick (copied into the step's memory). */
+static void
+read_tick(ClaimTick *tick)
 {
-	bool expired;
+	HeapTuple tup;
+	TupleDesc desc;
+	bool isnull;
 	int rc;
 
-	if (GetCurrentTimestamp() < next_expire)
-		return false;
-	rc = SPI_execute_plan(expire_plan, NULL, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "obx could not remove expired leases: %s",
-			 SPI_result_code_string(rc));
-	expired = SPI_processed > 0;
-	next_expire = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-											  OBX_EXPIRE_INTERVAL_MS);
-	return expired;
+	rc = SPI_execute_plan(tick_plan, NULL, NULL, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "obx could not read the latest tick: %s", SPI_result_code_string(rc));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	tick->floor = SPI_getbinval(tup, desc, 1, &isnull);
+	tick->snap = datumCopy(SPI_getbinval(tup, desc, 2, &isnull), false, -1);
+	tick->tick = SPI_getbinval(tup, desc, 3, &isnull);
 }
 
 /*
  * Run the claim under a snapshot of its own, leaving its rows in
- * SPI_tuptable.  Returns the count of changes, read before the snapshot is
- * taken; the WAL positions and the asynchronous commits are read after it.
+ * SPI_tuptable, and the new tick (floor, snapshot) in next, taken under
+ * the same snapshot.  Returns the count of changes, read before the
+ * snapshot is taken; the WAL positions and the asynchronous commits are
+ * read after it.
  */
 static uint64
-claim_select(ClaimWal *wal)
+claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 {
-	Datum args[2];
+	Datum args[5];
+	Datum floor_args[4];
 	uint64 changes;
 	Snapshot snapshot;
+	SPITupleTable *claimed;
+	uint64 nclaimed;
+	bool isnull;
 	int rc;
 
 	args[0] = BoolGetDatum(obx_quarantine_blocks_key);
 	args[1] = Int32GetDatum(obx_batch_size);
+	args[2] = from->floor;
+	args[3] = from->snap;
+	args[4] = from->tick;
 	wal->flush_upto = InvalidXLogRecPtr;
 	wal->last_xmin = InvalidTransactionId;
 
@@ -425,9 +460,28 @@ claim_select(ClaimWal *wal)
 	wal->settled = obx_async_commits_settled(&wal->flush_upto);
 	rc = SPI_execute_snapshot(claim_plan, args, NULL, snapshot, InvalidSnapshot,
 							  true, false, 0);
-	UnregisterSnapshot(snapshot);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx claim failed: %s", SPI_result_code_string(rc));
+	claimed = SPI_tuptable;
+	nclaimed = SPI_processed;
+
+	floor_args[0] = from->floor;
+	floor_args[1] = from->snap;
+	floor_args[2] = from->tick;
+	floor_args[3] = Int64GetDatum(OBX_FLOOR_NONE);
+	rc = SPI_execute_snapshot(floor_plan, floor_args, NULL, snapshot, InvalidSnapshot,
+							  true, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "obx could not find the new floor: %s", SPI_result_code_string(rc));
+	next->floor = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	next->snap = datumCopy(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
+										 &isnull),
+						   false, -1);
+	UnregisterSnapshot(snapshot);
+
+	/* The claim's rows are what the caller reads. */
+	SPI_tuptable = claimed;
+	SPI_processed = nclaimed;
 	return changes;
 }
 
@@ -451,38 +505,56 @@ take_batch(ObxBatch *batch, int64 lease_id, MemoryContext caller,
 	lease->topics = palloc(sizeof(Datum) * Max(nrows, 1));
 	lease->keys = palloc(sizeof(Datum) * Max(nrows, 1));
 	batch->lease_id = lease_id;
+	batch->max_seq = 0;
 	batch->in_flight = 0;
 	batch->retry_at = 0;
 	batch->events = nrows > 0 ? MemoryContextAllocZero(caller, sizeof(ObxEvent) * nrows)
 							  : NULL;
 	while (n < nrows && bytes < OBX_BATCH_BYTES)
 	{
+		bool isnull;
+
 		bytes += claim_copy_event(&batch->events[n], SPI_tuptable->vals[n],
 								  SPI_tuptable->tupdesc, caller, lease, (int) n,
 								  wal);
+		/* Rows come in seq order. */
+		batch->max_seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[n],
+													 SPI_tuptable->tupdesc, 1, &isnull));
 		n++;
 	}
 	batch->nevents = (int) n;
 	batch->full = nrows >= (uint64) obx_batch_size || n < nrows;
 }
 
-/* Insert the lease of the n events taken, for this worker. */
+/*
+ * Append the claim's row: the lease of the n events taken, for this
+ * worker (none when n is 0: a tick alone), and the tick it leaves.
+ */
 static void
-insert_lease(int64 lease_id, int worker, ClaimLease *lease, int n)
+insert_claim(ObxBatch *batch, int worker, ClaimLease *lease, int n, const ClaimTick *tick)
 {
-	Datum args[6];
+	Datum args[9];
+	char nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	int rc;
 
-	args[0] = Int64GetDatum(lease_id);
+	args[0] = Int64GetDatum(batch->lease_id);
 	args[1] = Int32GetDatum(worker);
-	args[2] = Float8GetDatum((double) obx_lease_timeout_s);
-	args[3] = PointerGetDatum(construct_array(lease->ids, n, UUIDOID, UUID_LEN,
-											  false, TYPALIGN_CHAR));
-	args[4] = PointerGetDatum(construct_array(lease->topics, n, TEXTOID, -1,
-											  false, TYPALIGN_INT));
-	args[5] = PointerGetDatum(construct_array(lease->keys, n, TEXTOID, -1,
-											  false, TYPALIGN_INT));
-	rc = SPI_execute_plan(lease_plan, args, NULL, false, 0);
+	args[2] = Float8GetDatum(n > 0 ? (double) obx_lease_timeout_s : 0.0);
+	args[3] = tick->snap;
+	args[4] = tick->floor;
+	args[5] = Int64GetDatum(batch->max_seq);
+	if (n > 0)
+	{
+		args[6] = PointerGetDatum(construct_array(lease->ids, n, UUIDOID, UUID_LEN,
+												  false, TYPALIGN_CHAR));
+		args[7] = PointerGetDatum(construct_array(lease->topics, n, TEXTOID, -1,
+												  false, TYPALIGN_INT));
+		args[8] = PointerGetDatum(construct_array(lease->keys, n, TEXTOID, -1,
+												  false, TYPALIGN_INT));
+	}
+	else
+		nulls[5] = nulls[6] = nulls[7] = nulls[8] = 'n';
+	rc = SPI_execute_plan(lease_plan, args, nulls, false, 0);
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx could not lease a batch: %s", SPI_result_code_string(rc));
 }
@@ -537,10 +609,11 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 {
 	MemoryContext caller = obx_step_begin("obx: claiming events");
 	int64 lease_id;
-	bool expired;
 	uint64 changes;
 	ClaimWal wal;
 	ClaimLease lease;
+	ClaimTick from;
+	ClaimTick next;
 
 	claim_prepare_plans();
 	/* Its own commit need not be durable (see make_durable). */
@@ -557,11 +630,12 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 		return false;
 	}
 
-	expired = expire_leases();
-	changes = claim_select(&wal);
+	read_tick(&from);
+	changes = claim_select(&from, &next, &wal);
 	take_batch(batch, lease_id, caller, &lease, &wal);
-	if (batch->nevents > 0)
-		insert_lease(lease_id, worker, &lease, batch->nevents);
+	/* A claim that took nothing leaves a tick only when its floor moved. */
+	if (batch->nevents > 0 || DatumGetInt64(next.floor) != DatumGetInt64(from.floor))
+		insert_claim(batch, worker, &lease, batch->nevents, &next);
 
 	/*
 	 * Published before the commit releases the claim lock, so that a claim
@@ -571,8 +645,6 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	if (!batch->full)
 		obx_claimed_changes(changes);
 	obx_step_end(caller);
-	if (expired)
-		obx_note_change(); /* their keys are free for the other workers too */
 	if (batch->nevents == 0)
 		return false;
 	return make_durable(batch, &wal);

@@ -16,6 +16,7 @@
 
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -267,9 +268,28 @@ obx_enqueue_required_text(FunctionCallInfo fcinfo, int argno, const char *what)
 }
 
 /*
+ * Whether this database still has obx 1.0's outbox table: the library was
+ * updated and ALTER EXTENSION obx UPDATE has not run yet.  obx.enqueue
+ * then inserts into obx.outbox_events, which the update carries over into
+ * obx.events (obx--1.0--1.1.sql), so the application keeps enqueueing
+ * through the upgrade.  The relay publishes nothing until the update.
+ */
+bool
+obx_enqueue_schema_is_1_0(void)
+{
+	Oid nsp = get_namespace_oid("obx", true);
+
+	return OidIsValid(nsp) && !OidIsValid(get_relname_relid("events", nsp));
+}
+
+/* Counts the times the plans were prepared, for enqueue_many.c's own. */
+int obx_enqueue_plans_epoch = 0;
+
+/*
  * Every name in these statements is schema-qualified, the one operator
  * included, so this SECURITY DEFINER function resolves nothing through the
- * caller's search_path.
+ * caller's search_path.  The plans are prepared again once ALTER
+ * EXTENSION obx UPDATE has invalidated them (see obx_enqueue_schema_is_1_0).
  */
 void
 obx_enqueue_prepare_plans(void)
@@ -277,31 +297,56 @@ obx_enqueue_prepare_plans(void)
 	Oid insert_types[7] = {UUIDOID, TEXTOID, TEXTOID, TEXTOID,
 						   TEXTOID, JSONBOID, JSONBOID};
 	Oid existing_types[1] = {UUIDOID};
+	bool v10;
 
-	if (insert_plan == NULL)
-		insert_plan = obx_prepare_kept(
-			"INSERT INTO obx.outbox_events "
-			"(id, aggregate_id, topic, event_key, event_type, headers, payload) "
-			"VALUES ($1, $2, $3, $4, $5, $6, $7) "
-			"ON CONFLICT (id) DO NOTHING",
-			7, insert_types);
+	if (insert_plan != NULL && SPI_plan_is_valid(insert_plan) &&
+		SPI_plan_is_valid(insert_new_plan) && SPI_plan_is_valid(existing_plan))
+		return;
+	if (insert_plan != NULL)
+	{
+		SPI_freeplan(insert_plan);
+		SPI_freeplan(insert_new_plan);
+		SPI_freeplan(existing_plan);
+	}
+	v10 = obx_enqueue_schema_is_1_0();
+	obx_enqueue_plans_epoch++;
+
+	/*
+	 * A given id may be in use in any generation's partition (NOT EXISTS),
+	 * or be inserted at the same time into the one it goes to (ON CONFLICT).
+	 */
+	insert_plan = obx_prepare_kept(
+		v10 ? "INSERT INTO obx.outbox_events "
+			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) "
+			  "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING"
+			: "INSERT INTO obx.events "
+			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) "
+			  "SELECT $1, $2, $3, $4, $5, $6, $7 "
+			  "WHERE NOT EXISTS (SELECT 1 FROM obx.events e WHERE e.id OPERATOR(pg_catalog.=) $1) "
+			  "ON CONFLICT DO NOTHING",
+		7, insert_types);
 	/*
 	 * A generated id is new (48 bits of time, 74 random): its insert needs
 	 * no speculative insertion, which costs a good part of a one-row insert.
 	 */
-	if (insert_new_plan == NULL)
-		insert_new_plan = obx_prepare_kept(
-			"INSERT INTO obx.outbox_events "
-			"(id, aggregate_id, topic, event_key, event_type, headers, payload) "
-			"VALUES ($1, $2, $3, $4, $5, $6, $7)",
-			7, insert_types);
-	if (existing_plan == NULL)
-		existing_plan = obx_prepare_kept(
-			"SELECT topic, event_key, coalesce(payload::pg_catalog.text, ''), "
-			"coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
-			"aggregate_id "
-			"FROM obx.outbox_events WHERE id OPERATOR(pg_catalog.=) $1",
-			1, existing_types);
+	insert_new_plan = obx_prepare_kept(
+		v10 ? "INSERT INTO obx.outbox_events "
+			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) "
+			  "VALUES ($1, $2, $3, $4, $5, $6, $7)"
+			: "INSERT INTO obx.events "
+			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) "
+			  "VALUES ($1, $2, $3, $4, $5, $6, $7)",
+		7, insert_types);
+	existing_plan = obx_prepare_kept(
+		v10 ? "SELECT topic, event_key, coalesce(payload::pg_catalog.text, ''), "
+			  "coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
+			  "aggregate_id "
+			  "FROM obx.outbox_events WHERE id OPERATOR(pg_catalog.=) $1"
+			: "SELECT topic, event_key, coalesce(payload::pg_catalog.text, ''), "
+			  "coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
+			  "aggregate_id "
+			  "FROM obx.events WHERE id OPERATOR(pg_catalog.=) $1",
+		1, existing_types);
 }
 
 static bool
@@ -515,7 +560,7 @@ insert_event(const EnqueueEvent *ev)
  * obx.enqueue(topic, event_key, payload, aggregate_id, event_type, headers,
  *			   event_id) returns uuid
  *
- * Validates the event, inserts it into obx.outbox_events in the caller's
+ * Validates the event, inserts it into obx.events in the caller's
  * transaction and returns its id.  The event exists if and only if the
  * caller commits.
  */

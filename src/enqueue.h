@@ -36,6 +36,8 @@ extern void obx_enqueue_check_existing(Datum id, const char *topic, const char *
 									   const char *event_type, Jsonb *headers);
 extern void obx_enqueue_make_id(pg_uuid_t *uuid);
 extern void obx_enqueue_prepare_plans(void);
+extern bool obx_enqueue_schema_is_1_0(void);
+extern int obx_enqueue_plans_epoch;
 extern void obx_enqueue_wake_at_commit(void);
 
 #endif /* OBX_ENQUEUE_H */

@@ -31,6 +31,7 @@ PG_FUNCTION_INFO_V1(obx_enqueue_many);
 
 static SPIPlanPtr insert_many_plan = NULL;
 static SPIPlanPtr insert_many_new_plan = NULL;
+static int plans_epoch = 0; /* obx_enqueue_plans_epoch they were prepared at */
 
 /*
  * obx.enqueue_many's arrays, each deconstructed: values and nulls of n
@@ -231,31 +232,51 @@ check_many(const ManyArrays *arrays, Datum *headers)
 
 /*
  * The events of obx.enqueue_many's arrays in array order, so that seq grows
- * in array order.  Ids given may be in use already (ON CONFLICT, and the
- * ids inserted returned); generated ones are new, as in enqueue.
+ * in array order.  Ids given may be in use already, in any generation's
+ * partition (NOT EXISTS) or in the one they go to (ON CONFLICT); the ids
+ * inserted are returned.  Generated ones are new, as in enqueue.
  */
-#define INSERT_MANY_SQL                                                     \
-	"INSERT INTO obx.outbox_events "                                        \
-	"(id, aggregate_id, topic, event_key, event_type, headers, payload) "   \
+#define INSERT_MANY_SELECT                                                  \
 	"SELECT e.id, COALESCE(e.aggregate_id, e.event_key), $1, e.event_key, " \
 	"e.event_type, e.headers, e.payload "                                   \
 	"FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), "        \
 	"pg_catalog.unnest($4), pg_catalog.unnest($5), pg_catalog.unnest($6), " \
 	"pg_catalog.unnest($7)) WITH ORDINALITY "                               \
 	"AS e(id, event_key, payload, aggregate_id, event_type, headers, n) "   \
-	"ORDER BY e.n"
+	"WHERE true"
 
 static void
 prepare_many_plans(void)
 {
 	Oid types[7] = {TEXTOID, UUIDARRAYOID, TEXTARRAYOID, JSONBARRAYOID,
 					TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID};
+	bool v10;
 
-	if (insert_many_plan == NULL)
-		insert_many_plan = obx_prepare_kept_generic(
-			INSERT_MANY_SQL " ON CONFLICT (id) DO NOTHING RETURNING id", 7, types);
-	if (insert_many_new_plan == NULL)
-		insert_many_new_plan = obx_prepare_kept_generic(INSERT_MANY_SQL, 7, types);
+	/* Prepared again with obx.enqueue's (see obx_enqueue_schema_is_1_0). */
+	if (insert_many_plan != NULL && plans_epoch == obx_enqueue_plans_epoch)
+		return;
+	if (insert_many_plan != NULL)
+	{
+		SPI_freeplan(insert_many_plan);
+		SPI_freeplan(insert_many_new_plan);
+	}
+	plans_epoch = obx_enqueue_plans_epoch;
+	v10 = obx_enqueue_schema_is_1_0();
+	insert_many_plan = obx_prepare_kept_generic(
+		v10 ? "INSERT INTO obx.outbox_events "
+			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT " ORDER BY e.n ON CONFLICT (id) DO NOTHING RETURNING id"
+			: "INSERT INTO obx.events "
+			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT
+			  " AND NOT EXISTS (SELECT 1 FROM obx.events x"
+			  "                  WHERE x.id OPERATOR(pg_catalog.=) e.id)"
+			  " ORDER BY e.n ON CONFLICT DO NOTHING RETURNING id",
+		7, types);
+	insert_many_new_plan = obx_prepare_kept_generic(
+		v10 ? "INSERT INTO obx.outbox_events "
+			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT " ORDER BY e.n"
+			: "INSERT INTO obx.events "
+			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT " ORDER BY e.n",
+		7, types);
 }
 
 /*

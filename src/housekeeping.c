@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * housekeeping.c
- *	  The purges both kinds of worker run: published events older than
- *	  obx.retention, dedupe rows of obx.processed_events older than
+ *	  The purges both kinds of worker run: the outbox's rotation, which
+ *	  truncates generations of published events older than obx.retention, dedupe rows of obx.processed_events older than
  *	  obx.processed_retention, and dead letters older than
  *	  obx.dead_letter_retention.
  *
@@ -18,6 +18,7 @@
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "utils/builtins.h"
 
 #include "obx.h"
 #include "worker.h"
@@ -85,9 +86,33 @@ purge_older_than(const char *sql, int retention_s, const char *what)
 }
 
 /*
+ * One step of the outbox's rotation (obx._rotate): mark a generation
+ * published, truncate one past obx.retention, or start a new one.
+ * Returns 1 when it did one of those, so that the next step comes at once.
+ */
+static int64
+rotate_outbox(void)
+{
+	Oid types[1] = {FLOAT8OID};
+	Datum args[1];
+	bool isnull;
+	Datum done;
+	int rc;
+
+	args[0] = Float8GetDatum((double) obx_retention_s);
+	rc = SPI_execute_with_args("SELECT obx._rotate($1)", 1, types, args, NULL, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "obx outbox rotation failed: %s", SPI_result_code_string(rc));
+	done = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+		return 0;
+	ereport(DEBUG1, (errmsg("obx outbox: %s", TextDatumGetCString(done))));
+	return 1;
+}
+
+/*
  * obx_outbox_purge
- *		Delete up to OBX_PURGE_BATCH published events older than
- *		obx.retention, as many dedupe rows older than
+ *		Take one step of the outbox's rotation (obx._rotate), delete as many dedupe rows older than
  *		obx.processed_retention, and as many dead letters older than
  *		obx.dead_letter_retention; returns how many rows went.
  */
@@ -103,12 +128,7 @@ obx_outbox_purge(void)
 
 	caller = obx_step_begin("obx: purging old rows");
 	if (obx_retention_s > 0)
-		purged += purge_older_than(
-			"DELETE FROM obx.outbox_events WHERE id IN ("
-			" SELECT id FROM obx.outbox_events"
-			"  WHERE published_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
-			"  ORDER BY published_at LIMIT $2)",
-			obx_retention_s, "outbox");
+		purged += rotate_outbox();
 	if (obx_processed_retention_s > 0)
 		purged += purge_older_than(
 			"DELETE FROM obx.processed_events WHERE ctid IN ("

@@ -56,6 +56,9 @@
 
 #define OBX_MAX_WORKERS 32
 
+/* The schema version (obx.control's default_version) this library serves. */
+#define OBX_SCHEMA_VERSION "1.1"
+
 /* How often worker 0 (relay, or consumer in a database without one) purges. */
 #define OBX_PURGE_INTERVAL_MS 10000
 

@@ -11,10 +11,14 @@
  * committed here; none is ever open while the worker waits on Kafka.
  * Statements are prepared once per worker and kept (SPI_keepplan).
  *
- * An event is written once on its way to Kafka, when the record step marks
- * it published or failed.  A failure is recorded only while the batch's
- * lease still exists: a worker whose lease expired, and whose events
- * another claim may have taken, must not undo that claim.
+ * Nothing is written into an event (docs/internals.md, "The outbox log").
+ * A batch's record is one row appended to obx.records: the events Kafka
+ * acknowledged, where and when; it also ends the batch's lease, whatever
+ * it holds.  Only a failed event is written, into obx.event_states (a copy
+ * of it the first time), and only while the batch's lease is still live:
+ * a worker whose lease ran out, and whose events another claim may have
+ * taken, must not undo that claim.  That check and the renewal take the
+ * claim lock, so that a claim and they agree on whether a lease is live.
  *
  *-------------------------------------------------------------------------
  */
@@ -42,47 +46,47 @@
 /* Failed events of one batch logged one by one; the rest are counted. */
 #define OBX_LOGGED_FAILURES 10
 
-static SPIPlanPtr delivered_plan = NULL;
-static SPIPlanPtr delivered_end_plan = NULL;
+static SPIPlanPtr record_plan = NULL;
+static SPIPlanPtr held_published_plan = NULL;
+static SPIPlanPtr hold_plan = NULL;
 static SPIPlanPtr failed_plan = NULL;
-static SPIPlanPtr held_plan = NULL;
-static SPIPlanPtr end_lease_plan = NULL;
+static SPIPlanPtr lock_plan = NULL;
+static SPIPlanPtr live_plan = NULL;
 static SPIPlanPtr renew_plan = NULL;
 
 /*
- * Delivered events: published, with where they landed and when the worker
- * received Kafka's acknowledgement.  No lease check: a delivery is a fact,
- * whoever reports it (a stale worker's late report included; the event is
- * then simply not sent again).  Returns the rows it published, for the
- * latency histogram (latency.c).
+ * The batch's record: the events delivered, where they landed and when the
+ * worker received Kafka's acknowledgement.  No lease check: a delivery is
+ * a fact, whoever reports it (a stale worker's late report included).  An
+ * empty record releases the batch.
  */
-#define DELIVERED_UPDATE                                                    \
-	"UPDATE obx.outbox_events e"                                            \
-	"   SET published_at = d.t, kafka_partition = d.p, kafka_offset = d.o," \
-	"       attempts = e.attempts + 1, quarantined_at = NULL"               \
-	"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"           \
-	"                  pg_catalog.unnest($2::pg_catalog.int4[]),"           \
-	"                  pg_catalog.unnest($3::pg_catalog.int8[]),"           \
-	"                  pg_catalog.unnest($4::pg_catalog.timestamptz[]))"    \
-	"       AS d(id, p, o, t)"                                              \
-	" WHERE e.id = d.id AND e.published_at IS NULL"                         \
-	" RETURNING e.topic, e.occurred_at, e.published_at"
+static const char *record_sql =
+	"INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets, published_at)"
+	" VALUES ($5, $6, $1, $2, $3, $4)";
 
-static const char *delivered_sql = DELIVERED_UPDATE;
+/* Delivered events that were held (failed or replayed before): published now. */
+static const char *held_published_sql =
+	"UPDATE obx.event_states s"
+	"   SET published_at = d.t, attempts = s.attempts + 1, quarantined_at = NULL,"
+	"       next_attempt_at = '-infinity'"
+	"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"
+	"                  pg_catalog.unnest($2::pg_catalog.timestamptz[])) AS d(id, t)"
+	" WHERE s.id = d.id AND s.published_at IS NULL";
 
-/*
- * The same, ending the batch's lease in the same statement: a batch with
- * no failed event is recorded by one statement.
- */
-static const char *delivered_end_sql =
-	"WITH ended AS (DELETE FROM obx.leases l WHERE l.lease_id = $5) " DELIVERED_UPDATE;
+/* The claim lock (claim.c), for as long as the step runs. */
+static const char *lock_sql = "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)";
 
-/* Whether the batch's lease still exists; locks it until the record commits. */
-static const char *held_sql =
-	"SELECT 1 FROM obx.leases l WHERE l.lease_id = $1 FOR UPDATE";
+/* Whether the batch's lease is still live, under the claim lock. */
+static const char *live_sql =
+	"SELECT 1 FROM obx.claims c"
+	" WHERE c.lease_id = $1 AND c.ids IS NOT NULL"
+	"   AND NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)"
+	"   AND greatest(c.until,"
+	"         (SELECT pg_catalog.max(n.until) FROM obx.renewals n WHERE n.lease_id = c.lease_id))"
+	"       >= pg_catalog.clock_timestamp()";
 
-static const char *end_lease_sql =
-	"DELETE FROM obx.leases l WHERE l.lease_id = $1";
+/* Failed events not held yet: copied into obx.event_states. */
+static const char *hold_sql = "SELECT obx._hold($1)";
 
 /*
  * A failed event backs off exponentially from obx.backoff_min to
@@ -91,8 +95,8 @@ static const char *end_lease_sql =
  * counts only those: transient errors never quarantine, however long an
  * outage lasts).  A quarantined event has no backoff, so with
  * obx.quarantine_blocks_key off its key moves on at once.  Run only while
- * the batch's lease still exists (held_sql), so a worker whose lease
- * expired cannot undo a newer claim.  attempts is the attempts that ended,
+ * the batch's lease is still live (live_sql), so a worker whose lease
+ * ran out cannot undo a newer claim.  attempts is the attempts that ended,
  * this one included after the update: the n-th failure waits
  * obx.backoff_min * 2^(n-1).  An attempt that timed out ($7: librdkafka
  * gave up after obx.delivery_timeout, as when every broker is down) has
@@ -100,36 +104,30 @@ static const char *end_lease_sql =
  * event then waits inside librdkafka, which sends it as soon as a broker
  * answers, instead of in a backoff that outlasts the outage.
  */
+#define QUARANTINE_NOW \
+	"(d.cls = 'permanent' OR (d.cls = 'other' AND s.failures + 1 >= $2))"
 static const char *failed_sql =
-	"WITH f AS ("
-	"  SELECT d.id, d.cls, d.msg, d.timed_out,"
-	"         e.failures + (d.cls <> 'transient')::pg_catalog.int4 AS failures,"
-	"         (d.cls = 'permanent'"
-	"          OR (d.cls = 'other' AND e.failures + 1 >= $2)) AS quarantine"
-	"    FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"
-	"                    pg_catalog.unnest($5::pg_catalog.text[]),"
-	"                    pg_catalog.unnest($6::pg_catalog.text[]),"
-	"                    pg_catalog.unnest($7::pg_catalog.bool[])) AS d(id, cls, msg, timed_out)"
-	"    JOIN obx.outbox_events e ON e.id = d.id"
-	")"
-	"UPDATE obx.outbox_events e"
-	"   SET last_error = f.msg, last_error_class = f.cls, last_error_at = pg_catalog.now(),"
-	"       failures = f.failures, attempts = e.attempts + 1,"
-	"       quarantined_at = CASE WHEN f.quarantine THEN pg_catalog.now() END,"
-	"       next_attempt_at = CASE WHEN f.quarantine THEN '-infinity'"
-	"           WHEN f.timed_out THEN pg_catalog.now()"
+	"UPDATE obx.event_states s"
+	"   SET last_error = d.msg, last_error_class = d.cls, last_error_at = pg_catalog.now(),"
+	"       failures = s.failures + (d.cls <> 'transient')::pg_catalog.int4,"
+	"       attempts = s.attempts + 1,"
+	"       quarantined_at = CASE WHEN " QUARANTINE_NOW " THEN pg_catalog.now() END,"
+	"       next_attempt_at = CASE WHEN " QUARANTINE_NOW " THEN '-infinity'"
+	"           WHEN d.timed_out THEN pg_catalog.now()"
 	"           ELSE pg_catalog.now() + pg_catalog.make_interval(secs =>"
 	"               least($4::pg_catalog.float8,"
-	"                     $3::pg_catalog.float8 * pg_catalog.power(2, least(e.attempts, 40))) / 1000)"
+	"                     $3::pg_catalog.float8 * pg_catalog.power(2, least(s.attempts, 40))) / 1000)"
 	"           END"
-	"  FROM f"
-	" WHERE e.id = f.id AND e.published_at IS NULL"
-	" RETURNING e.id::pg_catalog.text, e.topic, e.quarantined_at IS NOT NULL, e.next_attempt_at";
+	"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"
+	"                  pg_catalog.unnest($5::pg_catalog.text[]),"
+	"                  pg_catalog.unnest($6::pg_catalog.text[]),"
+	"                  pg_catalog.unnest($7::pg_catalog.bool[])) AS d(id, cls, msg, timed_out)"
+	" WHERE s.id = d.id AND s.published_at IS NULL"
+	" RETURNING s.id::pg_catalog.text, s.topic, s.quarantined_at IS NOT NULL, s.next_attempt_at";
 
 static const char *renew_sql =
-	"UPDATE obx.leases l"
-	"   SET until = pg_catalog.now() + pg_catalog.make_interval(secs => $2)"
-	" WHERE l.lease_id = $1";
+	"INSERT INTO obx.renewals (lease_id, until)"
+	" VALUES ($1, pg_catalog.now() + pg_catalog.make_interval(secs => $2))";
 
 static Datum
 uuid_array(ObxEvent **events, int n)
@@ -144,55 +142,72 @@ uuid_array(ObxEvent **events, int n)
 }
 
 /*
- * The record's statements keep PostgreSQL's choice of plan: the record's
- * join, for one, is planned from the number of events it marks.
+ * The record's statements keep PostgreSQL's choice of plan: the update of
+ * held events, for one, is planned from the number of events it marks.
  */
 static void
 record_prepare_plans(void)
 {
-	Oid delivered_types[5] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
-							  TIMESTAMPTZARRAYOID, INT8OID};
+	Oid record_types[6] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
+						   TIMESTAMPTZARRAYOID, INT8OID, INT8OID};
+	Oid held_types[2] = {UUIDARRAYOID, TIMESTAMPTZARRAYOID};
+	Oid hold_types[1] = {UUIDARRAYOID};
 	Oid failed_types[7] = {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID,
 						   TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
+	Oid lock_types[2] = {INT4OID, INT4OID};
 	Oid lease_types[1] = {INT8OID};
 	Oid renew_types[2] = {INT8OID, FLOAT8OID};
 
 	if (renew_plan != NULL)
 		return;
-	delivered_plan = obx_prepare_kept(delivered_sql, 4, delivered_types);
-	delivered_end_plan = obx_prepare_kept(delivered_end_sql, 5, delivered_types);
+	record_plan = obx_prepare_kept_generic(record_sql, 6, record_types);
+	held_published_plan = obx_prepare_kept(held_published_sql, 2, held_types);
+	hold_plan = obx_prepare_kept(hold_sql, 1, hold_types);
 	failed_plan = obx_prepare_kept(failed_sql, 7, failed_types);
-	held_plan = obx_prepare_kept(held_sql, 1, lease_types);
-	end_lease_plan = obx_prepare_kept(end_lease_sql, 1, lease_types);
-	renew_plan = obx_prepare_kept(renew_sql, 2, renew_types);
-}
-
-/* End a batch's lease, inside the caller's step. */
-static void
-end_lease(int64 lease_id)
-{
-	Datum lease_arg[1] = {Int64GetDatum(lease_id)};
-	int rc;
-
-	rc = SPI_execute_plan(end_lease_plan, lease_arg, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "obx could not end a lease: %s", SPI_result_code_string(rc));
+	lock_plan = obx_prepare_kept_generic(lock_sql, 2, lock_types);
+	live_plan = obx_prepare_kept(live_sql, 1, lease_types);
+	renew_plan = obx_prepare_kept_generic(renew_sql, 2, renew_types);
 }
 
 /*
- * Mark delivered events published; with end_lease, also end the batch's
- * lease (lease_id) in the same statement.  Each event it published goes
- * into latencies (allocated in the memory context keep, which outlives the
- * step), to be counted once the step has committed.
+ * Take the claim lock, then say whether the batch's lease is still live:
+ * a claim that starts later sees the same (its now() is no later than
+ * this check's clock).
  */
-static int
-record_delivered(ObxEvent **events, int n, bool end_lease, int64 lease_id,
+static bool
+lease_live(int64 lease_id)
+{
+	Datum lock_args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
+						  Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
+	Datum lease_arg[1] = {Int64GetDatum(lease_id)};
+	int rc;
+
+	rc = SPI_execute_plan(lock_plan, lock_args, NULL, false, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx could not take the claim lock: %s", SPI_result_code_string(rc));
+	rc = SPI_execute_plan(live_plan, lease_arg, NULL, false, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx could not check a lease: %s", SPI_result_code_string(rc));
+	return SPI_processed == 1;
+}
+
+/*
+ * Append the batch's record: the n events delivered (none for a release).
+ * Each goes into latencies (allocated in the memory context keep, which
+ * outlives the step), to be counted once the step has committed.  Held
+ * events among them are marked published in obx.event_states.
+ */
+static void
+record_delivered(ObxBatch *batch, ObxEvent **events, int n,
 				 ObxLatencySample *latencies, MemoryContext keep)
 {
-	Datum *parts = palloc(sizeof(Datum) * n);
-	Datum *offsets = palloc(sizeof(Datum) * n);
-	Datum *acked = palloc(sizeof(Datum) * n);
-	Datum args[5];
+	Datum *parts = palloc(sizeof(Datum) * Max(n, 1));
+	Datum *offsets = palloc(sizeof(Datum) * Max(n, 1));
+	Datum *acked = palloc(sizeof(Datum) * Max(n, 1));
+	ObxEvent **held = palloc(sizeof(ObxEvent *) * Max(n, 1));
+	Datum *held_acked = palloc(sizeof(Datum) * Max(n, 1));
+	int nheld = 0;
+	Datum args[6];
 	int i;
 	int rc;
 
@@ -201,6 +216,13 @@ record_delivered(ObxEvent **events, int n, bool end_lease, int64 lease_id,
 		parts[i] = Int32GetDatum(events[i]->partition);
 		offsets[i] = Int64GetDatum(events[i]->offset);
 		acked[i] = TimestampTzGetDatum(events[i]->acked_at);
+		if (events[i]->held)
+		{
+			held_acked[nheld] = acked[i];
+			held[nheld++] = events[i];
+		}
+		latencies[i].topic = MemoryContextStrdup(keep, events[i]->topic);
+		latencies[i].latency_us = events[i]->acked_at - events[i]->occurred_at;
 		elog(DEBUG2, "obx event %s published to topic %s partition %d offset " INT64_FORMAT,
 			 events[i]->id_text, events[i]->topic, events[i]->partition,
 			 events[i]->offset);
@@ -211,26 +233,23 @@ record_delivered(ObxEvent **events, int n, bool end_lease, int64 lease_id,
 											  TYPALIGN_DOUBLE));
 	args[3] = PointerGetDatum(construct_array(acked, n, TIMESTAMPTZOID, 8,
 											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	args[4] = Int64GetDatum(lease_id);
-	rc = SPI_execute_plan(end_lease ? delivered_end_plan : delivered_plan, args, NULL,
-						  false, 0);
-	if (rc != SPI_OK_UPDATE_RETURNING)
-		elog(ERROR, "obx could not mark events published: %s",
-			 SPI_result_code_string(rc));
-	/* Rows this call published; a stale worker's late reports publish none. */
-	for (i = 0; i < (int) SPI_processed; i++)
+	args[4] = Int64GetDatum(batch->lease_id);
+	args[5] = Int64GetDatum(batch->max_seq);
+	rc = SPI_execute_plan(record_plan, args, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "obx could not record a batch: %s", SPI_result_code_string(rc));
+	if (nheld > 0)
 	{
-		HeapTuple tup = SPI_tuptable->vals[i];
-		TupleDesc desc = SPI_tuptable->tupdesc;
-		bool isnull;
-		TimestampTz occurred = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
-		TimestampTz published = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3, &isnull));
-		char *topic = SPI_getvalue(tup, desc, 1);
+		Datum held_args[2];
 
-		latencies[i].topic = MemoryContextStrdup(keep, topic);
-		latencies[i].latency_us = published - occurred;
+		held_args[0] = uuid_array(held, nheld);
+		held_args[1] = PointerGetDatum(construct_array(held_acked, nheld, TIMESTAMPTZOID, 8,
+													   FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+		rc = SPI_execute_plan(held_published_plan, held_args, NULL, false, 0);
+		if (rc != SPI_OK_UPDATE)
+			elog(ERROR, "obx could not mark held events published: %s",
+				 SPI_result_code_string(rc));
 	}
-	return (int) SPI_processed;
 }
 
 static void
@@ -271,6 +290,9 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
 						n - OBX_LOGGED_FAILURES),
 				 errdetail("Each one's error is in obx.outbox_events.last_error.")));
 	args[0] = uuid_array(events, n);
+	rc = SPI_execute_plan(hold_plan, args, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx could not hold failed events: %s", SPI_result_code_string(rc));
 	args[1] = Int32GetDatum(obx_max_attempts);
 	args[2] = Float8GetDatum((double) obx_backoff_min_ms);
 	args[3] = Float8GetDatum((double) obx_backoff_max_ms);
@@ -308,17 +330,17 @@ record_failed(ObxBatch *batch, ObxEvent **events, int n)
  * obx_outbox_record
  *		Write what Kafka said about a batch, in one short transaction.
  *
- * Delivered events get published_at, partition and offset; failed ones
- * their error, a backoff or quarantine, but only while the batch's lease
- * still exists (otherwise another worker may have them already); events
- * never handed to Kafka (or still in flight when the worker gives up on
- * them) need no write: ending the lease releases them for the next claim.
- * Returns how many events this call marked published.
+ * Delivered events go into the batch's record, which also ends its lease;
+ * failed ones get their error, a backoff or quarantine in
+ * obx.event_states, but only while the batch's lease is still live
+ * (otherwise another worker may have them already); events never handed
+ * to Kafka (or still in flight when the worker gives up on them) need no
+ * write: ending the lease releases them for the next claim.  Returns how
+ * many events were delivered.
  */
 int
 obx_outbox_record(ObxBatch *batch)
 {
-	int published = 0;
 	MemoryContext caller;
 	ObxEvent **delivered;
 	ObxEvent **failed;
@@ -326,8 +348,6 @@ obx_outbox_record(ObxBatch *batch)
 	int ndelivered = 0;
 	int nfailed = 0;
 	int i;
-	int rc;
-	Datum lease_arg[1];
 
 	if (batch->nevents == 0)
 		return 0;
@@ -363,26 +383,11 @@ obx_outbox_record(ObxBatch *batch)
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
 	record_prepare_plans();
-	lease_arg[0] = Int64GetDatum(batch->lease_id);
 
-	/* The usual batch, every event delivered: one statement. */
-	if (nfailed == 0 && ndelivered > 0)
-	{
-		published = record_delivered(delivered, ndelivered, true, batch->lease_id,
-									 latencies, caller);
-		obx_step_end(caller);
-		obx_latency_add(latencies, published);
-		return published;
-	}
-	if (ndelivered > 0)
-		published = record_delivered(delivered, ndelivered, false, 0,
-									 latencies, caller);
+	/* Failures first: the record ends the lease they are written under. */
 	if (nfailed > 0)
 	{
-		rc = SPI_execute_plan(held_plan, lease_arg, NULL, false, 0);
-		if (rc != SPI_OK_SELECT)
-			elog(ERROR, "obx could not check a lease: %s", SPI_result_code_string(rc));
-		if (SPI_processed == 1)
+		if (lease_live(batch->lease_id))
 			record_failed(batch, failed, nfailed);
 		else
 			ereport(LOG,
@@ -390,10 +395,10 @@ obx_outbox_record(ObxBatch *batch)
 							nfailed),
 					 errdetail("Another worker has taken them over.")));
 	}
-	end_lease(batch->lease_id);
+	record_delivered(batch, delivered, ndelivered, latencies, caller);
 	obx_step_end(caller);
-	obx_latency_add(latencies, published);
-	return published;
+	obx_latency_add(latencies, ndelivered);
+	return ndelivered;
 }
 
 /*
@@ -409,7 +414,7 @@ obx_outbox_release(ObxBatch *batch)
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
 	record_prepare_plans();
-	end_lease(batch->lease_id);
+	record_delivered(batch, NULL, 0, NULL, caller);
 	obx_step_end(caller);
 }
 
@@ -431,10 +436,15 @@ obx_outbox_release_orphans(int worker)
 	int rc;
 	int64 released;
 
-	rc = SPI_execute_with_args("WITH gone AS ("
-							   "  DELETE FROM obx.leases l WHERE l.owner = $1"
-							   "  RETURNING pg_catalog.cardinality(l.ids) AS n)"
-							   " SELECT coalesce(pg_catalog.sum(n), 0)::pg_catalog.int8 FROM gone",
+	rc = SPI_execute_with_args("WITH orphans AS MATERIALIZED ("
+							   "  SELECT l.lease_id, l.max_seq, pg_catalog.cardinality(l.ids) AS n"
+							   "    FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l"
+							   "   WHERE l.owner = $1),"
+							   " gone AS ("
+							   "  INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets,"
+							   "                           published_at)"
+							   "  SELECT o.lease_id, o.max_seq, '{}', '{}', '{}', '{}' FROM orphans o)"
+							   " SELECT coalesce(pg_catalog.sum(n), 0)::pg_catalog.int8 FROM orphans",
 							   1, types, args, NULL, false, 0);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "obx could not release orphaned leases: %s",
@@ -455,7 +465,7 @@ obx_outbox_release_orphans(int worker)
  * obx_outbox_renew
  *		Extend the lease of a batch still in flight; returns how many of
  *		its events are still held: all of them, or none when the lease
- *		expired and another claim removed it (and may have taken them).
+ *		ran out (and another claim may have taken them).
  */
 int
 obx_outbox_renew(ObxBatch *batch)
@@ -466,12 +476,16 @@ obx_outbox_renew(ObxBatch *batch)
 	int held;
 
 	record_prepare_plans();
-	args[0] = Int64GetDatum(batch->lease_id);
-	args[1] = Float8GetDatum((double) obx_lease_timeout_s);
-	rc = SPI_execute_plan(renew_plan, args, NULL, false, 0);
-	if (rc != SPI_OK_UPDATE)
-		elog(ERROR, "obx could not renew a lease: %s", SPI_result_code_string(rc));
-	held = SPI_processed == 1 ? batch->nevents : 0;
+	held = 0;
+	if (lease_live(batch->lease_id))
+	{
+		args[0] = Int64GetDatum(batch->lease_id);
+		args[1] = Float8GetDatum((double) obx_lease_timeout_s);
+		rc = SPI_execute_plan(renew_plan, args, NULL, false, 0);
+		if (rc != SPI_OK_INSERT)
+			elog(ERROR, "obx could not renew a lease: %s", SPI_result_code_string(rc));
+		held = batch->nevents;
+	}
 	obx_step_end(caller);
 	return held;
 }
@@ -499,10 +513,11 @@ obx_outbox_analyze(void)
 	 * ANALYZE (autovacuum's included) than a tenth of the rows it saw.  An
 	 * ANALYZE costs as much as several batches.
 	 */
-	rc = SPI_execute("SELECT pg_catalog.pg_stat_get_mod_since_analyze(c.oid)"
-					 "       > greatest(c.reltuples, 0) / 10 + 1000"
-					 "  FROM pg_catalog.pg_class c"
-					 " WHERE c.oid = 'obx.outbox_events'::pg_catalog.regclass",
+	rc = SPI_execute("SELECT pg_catalog.bool_or(pg_catalog.pg_stat_get_mod_since_analyze(c.oid)"
+					 "       > greatest(c.reltuples, 0) / 10 + 1000)"
+					 "  FROM pg_catalog.pg_inherits i"
+					 "  JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid"
+					 " WHERE i.inhparent = 'obx.events'::pg_catalog.regclass",
 					 true, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "obx could not read the outbox's statistics: %s",
@@ -511,7 +526,7 @@ obx_outbox_analyze(void)
 									   SPI_tuptable->tupdesc, 1, &isnull));
 	if (stale)
 	{
-		rc = SPI_execute("ANALYZE obx.outbox_events", false, 0);
+		rc = SPI_execute("ANALYZE obx.events", false, 0);
 		if (rc != SPI_OK_UTILITY)
 			elog(ERROR, "obx could not analyze the outbox: %s", SPI_result_code_string(rc));
 	}

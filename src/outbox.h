@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * outbox.h
- *	  The relay's side of obx.outbox_events: the in-memory batch a worker
- *	  claims and publishes, and the statements on it.
+ *	  The relay's side of the outbox log (obx.events, obx.claims,
+ *	  obx.records, obx.event_states): the in-memory batch a worker claims
+ *	  and publishes, and the statements on it.
  *
  *	  claim.c	the claim: a batch of publishable events under a lease
  *	  outbox.c	what Kafka said about a batch; renewing and ending leases
@@ -25,6 +26,14 @@
  * copy of them.
  */
 #define OBX_BATCH_BYTES (16 * 1024 * 1024)
+
+/*
+ * Advisory lock key serializing claims, and the steps that must agree with
+ * them on whether a lease is live: ("obx" in ASCII, 1).  obx._rotate
+ * (obx--1.0--1.1.sql) takes it too, as 7299704.
+ */
+#define OBX_CLAIM_LOCK_CLASS  0x6f6278
+#define OBX_CLAIM_LOCK_OBJECT 1
 
 /*
  * How a publish attempt ended for one event.
@@ -65,6 +74,7 @@ typedef struct ObxEvent
 	char **header_values;
 	int attempts; /* including this one */
 	TimestampTz occurred_at;
+	bool held; /* claimed from obx.event_states: failed, or replayed, before */
 
 	struct ObxBatch *batch; /* the batch it belongs to, for its reports */
 	ObxOutcome outcome;
@@ -83,6 +93,7 @@ typedef struct ObxEvent
 typedef struct ObxBatch
 {
 	int64 lease_id;
+	int64 max_seq; /* the highest seq claimed; its record carries it */
 	int nevents;
 	int in_flight;
 	bool full; /* the claim stopped at obx.batch_size or OBX_BATCH_BYTES */

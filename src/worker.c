@@ -261,39 +261,58 @@ obx_worker_wait(ObxWorker *w, long timeout_ms, bool heed_latch)
 	CHECK_FOR_INTERRUPTS();
 }
 
-/* Whether CREATE EXTENSION obx has been run in this database. */
-static bool
-extension_exists(void)
+/*
+ * The version of obx installed in this database (extversion, palloc'd in
+ * the caller's context), NULL when CREATE EXTENSION obx has not been run.
+ */
+static char *
+extension_version(void)
 {
 	MemoryContext caller = obx_step_begin("obx: checking for the extension");
-	bool exists;
+	char *version = NULL;
 	int rc;
 
-	rc = SPI_execute("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'obx'",
+	rc = SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'obx'",
 					 true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx extension check failed: %s", SPI_result_code_string(rc));
-	exists = (SPI_processed == 1);
+	if (SPI_processed == 1)
+	{
+		char *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+		version = MemoryContextStrdup(caller, v);
+	}
 	obx_step_end(caller);
-	return exists;
+	return version;
 }
 
 /*
  * obx_worker_extension_ready
- *		Whether obx is installed in the worker's database; logs once each
- *		time it is found missing.
+ *		Whether obx's schema is installed in the worker's database at the
+ *		version this library serves (OBX_SCHEMA_VERSION); logs once each
+ *		time it is found missing or older.
  */
 bool
 obx_worker_extension_ready(ObxWorker *w)
 {
-	bool exists = extension_exists();
+	char *version = extension_version();
+	bool ready = version != NULL && strcmp(version, OBX_SCHEMA_VERSION) == 0;
 
-	if (!exists && !w->said_waiting)
-		ereport(LOG,
-				(errmsg("%s %d is waiting for CREATE EXTENSION obx in database \"%s\"",
-						w->name, w->number, w->database)));
-	w->said_waiting = !exists;
-	return exists;
+	if (!ready && !w->said_waiting)
+	{
+		if (version == NULL)
+			ereport(LOG,
+					(errmsg("%s %d is waiting for CREATE EXTENSION obx in database \"%s\"",
+							w->name, w->number, w->database)));
+		else
+			ereport(LOG,
+					(errmsg("%s %d is waiting for ALTER EXTENSION obx UPDATE in database \"%s\"",
+							w->name, w->number, w->database),
+					 errdetail("The database has obx %s; this server's library serves %s.",
+							   version, OBX_SCHEMA_VERSION)));
+	}
+	w->said_waiting = !ready;
+	return ready;
 }
 
 /*
@@ -411,6 +430,18 @@ SPIPlanPtr
 obx_prepare_kept_generic(const char *sql, int nargs, Oid *argtypes)
 {
 	return prepare_kept(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+}
+
+/*
+ * obx_prepare_kept_custom
+ *		The same, always planned for the parameters it runs with: for a
+ *		statement whose best plan depends on them (a range of an index
+ *		whose bounds move).
+ */
+SPIPlanPtr
+obx_prepare_kept_custom(const char *sql, int nargs, Oid *argtypes)
+{
+	return prepare_kept(sql, nargs, argtypes, CURSOR_OPT_CUSTOM_PLAN);
 }
 
 /*

@@ -11,7 +11,7 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.outbox_events, obx.processed_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states, obx.processed_events;
 
 SHOW obx.workers;
 SHOW obx.topics;

@@ -11,7 +11,7 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.outbox_events, obx.processed_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states, obx.processed_events;
 
 --
 -- Happy path: one id per element, in array order, each row as obx.enqueue
@@ -218,4 +218,4 @@ REVOKE ALL ON FUNCTION obx.enqueue_many(text, text[], jsonb[], text[], text[], j
        FROM regress_many_app;
 DROP ROLE regress_many_app;
 DROP ROLE regress_many_nobody;
-TRUNCATE obx.outbox_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states;

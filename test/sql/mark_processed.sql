@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.outbox_events, obx.processed_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states, obx.processed_events;
 
 -- First time true, then false for the same consumer and event.
 SELECT obx.mark_processed('inventory-reservation', 'evt_01JQ8X8F') AS first;

@@ -4,65 +4,95 @@
 -- holds credentials.
 --
 -- No relay runs (obx.workers = 0), so the states a relay would produce are
--- written directly, as superuser, the way the relay writes them: published
--- (published_at, partition, offset), leased (a row in obx.leases whose
--- until is in the future),
--- backing off (last_error, next_attempt_at in the future), quarantined
--- (quarantined_at, last_error).
+-- written directly, as superuser, the way the relay writes them
+-- (docs/internals.md, "The outbox log"): published (a row of obx.records
+-- with partition, offset and time), leased (a row of obx.claims whose
+-- until is in the future), backing off (a row of obx.event_states with
+-- last_error and next_attempt_at in the future), quarantined (one with
+-- quarantined_at and last_error).  pg_temp.publish, pg_temp.fail: below.
 --
 \set VERBOSITY default
 \set SHOW_CONTEXT never
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.outbox_events, obx.processed_events, obx.leases;
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states, obx.processed_events;
+
+-- A record of these events at partition p, offsets from the first.
+CREATE FUNCTION pg_temp.publish(ids uuid[], p integer, offsets bigint[])
+RETURNS void LANGUAGE sql AS $$
+	INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets, published_at)
+	SELECT nextval('obx.lease_seq'), (SELECT max(seq) FROM obx.events WHERE id = ANY (ids)),
+		   ids, array_fill(p, ARRAY[cardinality(ids)]), offsets,
+		   array_fill(now(), ARRAY[cardinality(ids)])
+$$;
+-- A failed attempt: the event held in obx.event_states with this state.
+CREATE FUNCTION pg_temp.fail(id uuid, attempts integer, cls text, err text,
+							 next_attempt_at timestamptz, quarantined_at timestamptz)
+RETURNS void LANGUAGE sql AS $$
+	SELECT obx._hold(ARRAY[id]);
+	UPDATE obx.event_states s
+	   SET attempts = fail.attempts, failures = fail.attempts, last_error_class = cls,
+		   last_error = err, last_error_at = now(),
+		   next_attempt_at = fail.next_attempt_at, quarantined_at = fail.quarantined_at
+	 WHERE s.id = fail.id;
+$$;
 
 -- orders.placed.v1: pending, leased, and pending again after its lease expired.
 SELECT obx.enqueue('orders.placed.v1', 'ord_1', '{"n": 1}', event_id => '00000000-0000-4000-8000-000000000101');
 SELECT obx.enqueue('orders.placed.v1', 'ord_2', '{"n": 2}', event_id => '00000000-0000-4000-8000-000000000102');
 SELECT obx.enqueue('orders.placed.v1', 'ord_3', '{"n": 3}', event_id => '00000000-0000-4000-8000-000000000103');
-INSERT INTO obx.leases (lease_id, owner, until, ids, topics, keys) VALUES
-	(1, 0, now() + interval '1 hour', ARRAY['00000000-0000-4000-8000-000000000102']::uuid[],
-	 ARRAY['orders.placed.v1'], ARRAY['ord_2']),
-	(2, 1, now() - interval '1 hour', ARRAY['00000000-0000-4000-8000-000000000103']::uuid[],
-	 ARRAY['orders.placed.v1'], ARRAY['ord_3']);
-UPDATE obx.outbox_events
-   SET attempts = 1
- WHERE id IN ('00000000-0000-4000-8000-000000000102', '00000000-0000-4000-8000-000000000103');
+INSERT INTO obx.claims (lease_id, owner, until, snap, floor, max_seq, ids, topics, keys)
+SELECT nextval('obx.lease_seq'), 0, now() + interval '1 hour', '1:1:', 0,
+	   (SELECT seq FROM obx.events WHERE id = '00000000-0000-4000-8000-000000000102'),
+	   ARRAY['00000000-0000-4000-8000-000000000102']::uuid[], ARRAY['orders.placed.v1'], ARRAY['ord_2'];
+INSERT INTO obx.claims (lease_id, owner, until, snap, floor, max_seq, ids, topics, keys)
+SELECT nextval('obx.lease_seq'), 1, now() - interval '1 hour', '1:1:', 0,
+	   (SELECT seq FROM obx.events WHERE id = '00000000-0000-4000-8000-000000000103'),
+	   ARRAY['00000000-0000-4000-8000-000000000103']::uuid[], ARRAY['orders.placed.v1'], ARRAY['ord_3'];
 
 -- orders.paid.v1: two published, one backing off after a failed attempt.
 SELECT obx.enqueue('orders.paid.v1', 'ord_1', '{"n": 4}', event_id => '00000000-0000-4000-8000-000000000201');
 SELECT obx.enqueue('orders.paid.v1', 'ord_2', '{"n": 5}', event_id => '00000000-0000-4000-8000-000000000202');
 SELECT obx.enqueue('orders.paid.v1', 'ord_3', '{"n": 6}', event_id => '00000000-0000-4000-8000-000000000203');
-UPDATE obx.outbox_events
-   SET published_at = now(), kafka_partition = 0, kafka_offset = 41 + (payload->>'n')::int, attempts = 1
- WHERE id IN ('00000000-0000-4000-8000-000000000201', '00000000-0000-4000-8000-000000000202');
-UPDATE obx.outbox_events
-   SET attempts = 2, last_error = 'Broker: Not enough in-sync replicas',
-       last_error_class = 'transient', last_error_at = now(),
-       next_attempt_at = now() + interval '1 hour'
- WHERE id = '00000000-0000-4000-8000-000000000203';
+SELECT pg_temp.publish(ARRAY['00000000-0000-4000-8000-000000000201',
+                             '00000000-0000-4000-8000-000000000202']::uuid[], 0, ARRAY[45, 46]);
+SELECT pg_temp.fail('00000000-0000-4000-8000-000000000203', 2, 'transient',
+                    'Broker: Not enough in-sync replicas', now() + interval '1 hour', NULL);
 
 -- payments.captured.v1: one quarantined, one published, one pending.
 SELECT obx.enqueue('payments.captured.v1', 'pay_1', '{"n": 7}', event_type => 'PaymentCaptured',
                    event_id => '00000000-0000-4000-8000-000000000301');
 SELECT obx.enqueue('payments.captured.v1', 'pay_2', '{"n": 8}', event_id => '00000000-0000-4000-8000-000000000302');
 SELECT obx.enqueue('payments.captured.v1', 'pay_3', '{"n": 9}', event_id => '00000000-0000-4000-8000-000000000303');
-UPDATE obx.outbox_events
-   SET attempts = 1, quarantined_at = now(), last_error = 'Broker: Message size too large',
-       last_error_class = 'permanent', last_error_at = now()
- WHERE id = '00000000-0000-4000-8000-000000000301';
-UPDATE obx.outbox_events
-   SET published_at = now(), kafka_partition = 2, kafka_offset = 7, attempts = 1
- WHERE id = '00000000-0000-4000-8000-000000000302';
+SELECT pg_temp.fail('00000000-0000-4000-8000-000000000301', 1, 'permanent',
+                    'Broker: Message size too large', '-infinity', now());
+SELECT pg_temp.publish(ARRAY['00000000-0000-4000-8000-000000000302']::uuid[], 2, ARRAY[7]);
 
 -- orders.shipped.v1: everything published.
 SELECT obx.enqueue('orders.shipped.v1', 'ord_1', '{"n": 10}', event_id => '00000000-0000-4000-8000-000000000401');
 SELECT obx.enqueue('orders.shipped.v1', 'ord_2', '{"n": 11}', event_id => '00000000-0000-4000-8000-000000000402');
 SELECT obx.enqueue('orders.shipped.v1', 'ord_3', '{"n": 12}', event_id => '00000000-0000-4000-8000-000000000403');
-UPDATE obx.outbox_events
-   SET published_at = now(), kafka_partition = 1, kafka_offset = (payload->>'n')::int, attempts = 1
- WHERE topic = 'orders.shipped.v1';
+SELECT pg_temp.publish(ARRAY['00000000-0000-4000-8000-000000000401',
+                             '00000000-0000-4000-8000-000000000402',
+                             '00000000-0000-4000-8000-000000000403']::uuid[], 1, ARRAY[10, 11, 12]);
+
+-- The status views' copies of the claim's sets (obx._unpublished_events,
+-- obx._live_claims) give what the claim's functions give.
+SELECT (SELECT count(*) FROM (
+			(SELECT id FROM obx._unpublished_events
+			 EXCEPT SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u)
+			UNION ALL
+			(SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u
+			 EXCEPT SELECT id FROM obx._unpublished_events)) d) AS unpublished_differ,
+	   (SELECT count(*) FROM obx._unpublished_events) AS unpublished,
+	   (SELECT count(*) FROM (
+			(SELECT lease_id FROM obx._live_claims
+			 EXCEPT SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l)
+			UNION ALL
+			(SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l
+			 EXCEPT SELECT lease_id FROM obx._live_claims)) d) AS leases_differ,
+	   (SELECT count(*) FROM obx._live_claims) AS live_leases;
 
 --
 -- obx.status: one row per topic.
@@ -88,7 +118,7 @@ SELECT topic, pending, oldest_pending_age >= '0' AS age_not_negative
 ROLLBACK;
 
 -- The age is that of the oldest unpublished event.
-UPDATE obx.outbox_events SET occurred_at = now() - interval '2 hours'
+UPDATE obx.events SET occurred_at = now() - interval '2 hours'
  WHERE id = '00000000-0000-4000-8000-000000000101';
 SELECT topic, oldest_pending_age >= interval '2 hours' AS at_least_2h,
        oldest_pending_age < interval '3 hours' AS under_3h
@@ -128,10 +158,9 @@ SELECT topic, pending, leased, published, quarantined, failing
 -- obx.retry_quarantined(topic): every quarantined event of a topic, or of
 -- all topics; returns how many.
 --
-UPDATE obx.outbox_events SET quarantined_at = now(), last_error = 'Broker: Invalid record',
-       last_error_class = 'permanent', last_error_at = now()
- WHERE id IN ('00000000-0000-4000-8000-000000000101', '00000000-0000-4000-8000-000000000103',
-              '00000000-0000-4000-8000-000000000301');
+SELECT pg_temp.fail(id, 1, 'permanent', 'Broker: Invalid record', '-infinity', now())
+  FROM unnest(ARRAY['00000000-0000-4000-8000-000000000101', '00000000-0000-4000-8000-000000000103',
+                    '00000000-0000-4000-8000-000000000301']::uuid[]) AS id;
 SELECT topic, count(*) FROM obx.quarantine GROUP BY topic ORDER BY topic COLLATE "C";
 SELECT obx.retry_quarantined('orders.shipped.v1') AS none_in_topic;
 SELECT obx.retry_quarantined('orders.placed.v1') AS placed;
@@ -161,7 +190,7 @@ SELECT obx.replay('{}'::uuid[]) AS empty, obx.replay(NULL::uuid[]) AS null_ids;
 -- obx.replay(topic, since, until): the published events of a topic that
 -- occurred in [since, until).
 --
-UPDATE obx.outbox_events
+UPDATE obx.events
    SET occurred_at = '2026-09-29 10:00:00+00'::timestamptz + ((payload->>'n')::int - 10) * interval '30 minutes'
  WHERE topic = 'orders.shipped.v1';
 SELECT id, to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI') AS occurred_utc,
@@ -189,9 +218,8 @@ SELECT obx.enqueue('orders.skip.v1', 'ord_s', '{"n": 1}',
 SELECT obx.enqueue('orders.skip.v1', 'ord_s', '{"n": 2}',
                    event_id => '00000000-0000-4000-8000-0000000005a2') IS NOT NULL AS enqueued;
 SELECT obx.skip('00000000-0000-4000-8000-0000000005a1', 'not quarantined') AS skipped_pending;
-UPDATE obx.outbox_events SET quarantined_at = now(), failures = 3,
-       last_error = 'MSG_SIZE_TOO_LARGE: Broker: Message size too large', last_error_class = 'permanent'
- WHERE id = '00000000-0000-4000-8000-0000000005a1';
+SELECT pg_temp.fail('00000000-0000-4000-8000-0000000005a1', 3, 'permanent',
+                    'MSG_SIZE_TOO_LARGE: Broker: Message size too large', '-infinity', now());
 SELECT obx.skip('00000000-0000-4000-8000-0000000005a1', '');
 \echo :SQLSTATE
 SELECT obx.skip('00000000-0000-4000-8000-0000000005a1', 'payload too large for the topic; reissued as ord_s v2') AS skipped;
@@ -200,6 +228,23 @@ SELECT id, event_key, last_error_class, skip_reason, skipped_by = session_user A
   FROM obx.skipped_events;
 SELECT id, event_key FROM obx.outbox_events WHERE topic = 'orders.skip.v1';
 SELECT count(*) AS quarantined_left FROM obx.quarantine WHERE topic = 'orders.skip.v1';
+
+-- The status views' copies of the claim's sets (obx._unpublished_events,
+-- obx._live_claims) give what the claim's functions give.
+SELECT (SELECT count(*) FROM (
+			(SELECT id FROM obx._unpublished_events
+			 EXCEPT SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u)
+			UNION ALL
+			(SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u
+			 EXCEPT SELECT id FROM obx._unpublished_events)) d) AS unpublished_differ,
+	   (SELECT count(*) FROM obx._unpublished_events) AS unpublished,
+	   (SELECT count(*) FROM (
+			(SELECT lease_id FROM obx._live_claims
+			 EXCEPT SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l)
+			UNION ALL
+			(SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l
+			 EXCEPT SELECT lease_id FROM obx._live_claims)) d) AS leases_differ,
+	   (SELECT count(*) FROM obx._live_claims) AS live_leases;
 
 --
 -- obx.workers: one row per configured relay worker; none here.
@@ -229,8 +274,8 @@ RESET ROLE;
 DROP ROLE regress_obx_reader;
 
 --
--- The extension itself: one install script, version 1.0.  Every object it
--- creates is a member (DROP EXTENSION removes it, pg_dump re-creates it
+-- The extension itself: version 1.1 (obx--1.0.sql, then obx--1.0--1.1.sql).
+-- Every object it creates is a member (DROP EXTENSION removes it, pg_dump re-creates it
 -- with CREATE EXTENSION and dumps none of it separately), nothing else
 -- lives in schema obx, and pg_dump keeps the data of the tables and
 -- sequences listed in extconfig.  (From 17 on, a table's or view's row type

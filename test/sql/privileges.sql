@@ -13,7 +13,7 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.outbox_events, obx.processed_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states, obx.processed_events;
 
 CREATE ROLE regress_app;
 CREATE ROLE regress_consumer;
@@ -89,14 +89,19 @@ SELECT obx.enqueue('orders.placed.v1', '', '{}');
 -- enqueue's checks.
 SELECT count(*) FROM obx.outbox_events;
 \echo :SQLSTATE
-UPDATE obx.outbox_events SET published_at = now();
+SELECT count(*) FROM obx.events;
 \echo :SQLSTATE
-DELETE FROM obx.outbox_events;
+UPDATE obx.events SET occurred_at = now();
 \echo :SQLSTATE
-INSERT INTO obx.outbox_events (id, aggregate_id, topic, event_key, payload)
+DELETE FROM obx.events;
+\echo :SQLSTATE
+INSERT INTO obx.events (id, aggregate_id, topic, event_key, payload)
 VALUES (gen_random_uuid(), 'x', 'not allowed!', '', '[]');
 \echo :SQLSTATE
-TRUNCATE obx.outbox_events;
+INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets, published_at)
+VALUES (1, 1, '{}', '{}', '{}', '{}');
+\echo :SQLSTATE
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states;
 \echo :SQLSTATE
 SELECT nextval('obx.event_seq');
 \echo :SQLSTATE
@@ -189,7 +194,9 @@ SELECT consumer_name, event_id FROM obx.processed_events ORDER BY event_id COLLA
 --
 GRANT USAGE ON SCHEMA obx TO regress_monitor;
 GRANT SELECT ON obx.status, obx.quarantine, obx.workers TO regress_monitor;
-UPDATE obx.outbox_events SET quarantined_at = now(), attempts = 1,
+-- Quarantined, the way the relay records it (docs/internals.md).
+SELECT obx._hold(ARRAY['00000000-0000-4000-8000-000000000501']::uuid[]);
+UPDATE obx.event_states SET quarantined_at = now(), attempts = 1,
        last_error = 'Broker: Message size too large', last_error_class = 'permanent',
        last_error_at = now()
  WHERE id = '00000000-0000-4000-8000-000000000501';
@@ -205,14 +212,15 @@ SELECT obx.retry('00000000-0000-4000-8000-000000000501');
 RESET ROLE;
 
 --
--- An operator: retry and replay.  The operator here also holds SELECT and
--- UPDATE on the outbox, so retry and replay must work for it whether they
--- run as their caller or as their owner.
+-- An operator: retry and replay.  The operator here also holds SELECT on
+-- the outbox and UPDATE on the events' states, so retry and replay must
+-- work for it whether they run as their caller or as their owner.
 --
 GRANT USAGE ON SCHEMA obx TO regress_operator;
 GRANT EXECUTE ON FUNCTION obx.retry(uuid), obx.retry_quarantined(text),
       obx.replay(uuid[]), obx.replay(text, timestamptz, timestamptz) TO regress_operator;
-GRANT SELECT, UPDATE ON obx.outbox_events TO regress_operator;
+GRANT SELECT ON obx.outbox_events TO regress_operator;
+GRANT SELECT, UPDATE ON obx.event_states TO regress_operator;
 GRANT SELECT ON obx.status, obx.quarantine TO regress_operator;
 SET ROLE regress_operator;
 SELECT id FROM obx.quarantine;
@@ -220,9 +228,13 @@ SELECT obx.retry('00000000-0000-4000-8000-000000000501') AS retried;
 \echo :SQLSTATE
 SELECT count(*) AS quarantined FROM obx.quarantine;
 RESET ROLE;
-UPDATE obx.outbox_events SET published_at = now(), quarantined_at = NULL,
-       kafka_partition = 0, kafka_offset = 1
- WHERE event_key IN ('ord_782', 'ord_783');
+-- Published, as the relay records it: a record, and the held event's state.
+INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets, published_at)
+SELECT nextval('obx.lease_seq'), max(seq), array_agg(id), array_agg(0), array_agg(1::bigint),
+       array_agg(now())
+  FROM obx.events WHERE event_key IN ('ord_782', 'ord_783');
+UPDATE obx.event_states SET published_at = now(), quarantined_at = NULL
+ WHERE id = '00000000-0000-4000-8000-000000000501';
 SET ROLE regress_operator;
 SELECT obx.replay(ARRAY['00000000-0000-4000-8000-000000000501']::uuid[]) AS replayed;
 \echo :SQLSTATE
@@ -243,7 +255,7 @@ SELECT r.rolname,
        has_function_privilege(r.oid, 'obx.replay(uuid[])', 'EXECUTE') AS replay,
        has_table_privilege(r.oid, 'obx.status', 'SELECT') AS status,
        has_table_privilege(r.oid, 'obx.outbox_events', 'SELECT') AS read_outbox,
-       has_table_privilege(r.oid, 'obx.outbox_events', 'INSERT') AS insert_outbox,
+       has_table_privilege(r.oid, 'obx.events', 'INSERT') AS insert_outbox,
        has_table_privilege(r.oid, 'obx.processed_events', 'SELECT') AS read_inbox
   FROM pg_roles r WHERE r.rolname LIKE 'regress\_%'
  ORDER BY r.rolname COLLATE "C";

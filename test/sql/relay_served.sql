@@ -47,4 +47,4 @@ SET obx.warn_without_relay = off;
 SELECT obx.enqueue('orders.served.v1', 'k2', '{"n": 4}') IS NOT NULL AS stored;
 \c :home
 DROP DATABASE regress_obx_other;
-DELETE FROM obx.outbox_events WHERE topic = 'orders.served.v1';
+DELETE FROM obx.events WHERE topic = 'orders.served.v1';

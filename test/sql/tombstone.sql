@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.outbox_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states;
 
 SELECT obx.enqueue('orders.compacted.v1', 'ord_1', '{"n": 1}') AS e1 \gset
 SELECT obx.enqueue_tombstone('orders.compacted.v1', 'ord_1') AS t1 \gset
@@ -46,4 +46,4 @@ SELECT obx.enqueue('orders.compacted.v1', 'ord_3', '{}',
 SELECT count(*) AS copies FROM obx.outbox_events
  WHERE id = 'c0ffee00-0000-4000-8000-000000000001';
 
-TRUNCATE obx.outbox_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states;

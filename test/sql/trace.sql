@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.outbox_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states;
 
 -- No trace context: headers stay as given (NULL).
 SELECT obx.enqueue('orders.trace.v1', 'k0', '{"n": 0}') AS id0 \gset
@@ -84,4 +84,4 @@ COMMIT;
 SELECT obx.enqueue_many('orders.trace.v1', ARRAY['m3', 'm4'], ARRAY['{}', '{}']::jsonb[],
        headers => ARRAY[NULL, '{"traceparent": "00-abc-def-01"}']::jsonb[]);
 
-TRUNCATE obx.outbox_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.event_states;

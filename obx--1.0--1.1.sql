@@ -1,0 +1,752 @@
+/* obx--1.0--1.1.sql: the insert-only outbox */
+
+\echo Use "ALTER EXTENSION obx UPDATE TO '1.1'" to load this file. \quit
+
+/*
+ * 1.1 writes each event once.  An event is inserted into obx.events and
+ * never updated or deleted: publishing it appends one row per batch to
+ * obx.records, and old events go by TRUNCATE of a whole generation.
+ * docs/internals.md ("The outbox log") gives the design and why it keeps
+ * per-key order and the late committer; this script builds it and carries
+ * the events of 1.0 over.  CREATE EXTENSION obx runs obx--1.0.sql and then
+ * this script, so a fresh install and an upgrade end in the same schema.
+ */
+
+/* ---------------------------------------------------------------------
+ * Generations.  The high bits of obx.event_seq and obx.lease_seq (bits 40
+ * and up) count generations; a row's generation modulo 3 is the partition
+ * it lives in.  Rotation (obx._rotate) moves both sequences to the next
+ * generation; a generation whose events are all published and past
+ * obx.retention is truncated, partition by partition.
+ * --------------------------------------------------------------------- */
+
+CREATE TABLE obx.generations (
+	generation			bigint		PRIMARY KEY,
+	started_at			timestamptz NOT NULL DEFAULT now(),
+	done_at				timestamptz		/* every event of it published (or held aside) */
+);
+INSERT INTO obx.generations (generation) VALUES (0);
+
+/*
+ * The events, in three partitions.  Inserted by obx.enqueue and never
+ * written again.  xid is the inserting transaction, as a 64-bit id that
+ * pg_snapshot functions compare: the claim finds late committers by it.
+ */
+CREATE TABLE obx.events (
+	id					uuid		NOT NULL,
+	seq					bigint		NOT NULL DEFAULT nextval('obx.event_seq'),
+	xid					xid8		NOT NULL DEFAULT pg_current_xact_id(),
+	aggregate_id		text		NOT NULL,
+	topic				text		NOT NULL,
+	event_key			text		NOT NULL,
+	event_type			text,
+	headers				jsonb,
+	payload				jsonb,		/* NULL: a tombstone (obx.enqueue_tombstone) */
+	occurred_at			timestamptz NOT NULL DEFAULT clock_timestamp()
+) PARTITION BY LIST (((seq >> 40) % 3));
+CREATE TABLE obx.events_0 PARTITION OF obx.events FOR VALUES IN (0);
+CREATE TABLE obx.events_1 PARTITION OF obx.events FOR VALUES IN (1);
+CREATE TABLE obx.events_2 PARTITION OF obx.events FOR VALUES IN (2);
+/* Unique per partition; obx.enqueue looks a given id up in all three. */
+CREATE UNIQUE INDEX events_0_id_idx ON obx.events_0 (id);
+CREATE UNIQUE INDEX events_1_id_idx ON obx.events_1 (id);
+CREATE UNIQUE INDEX events_2_id_idx ON obx.events_2 (id);
+/* The claim: from the floor in enqueue order, and late committers by xid. */
+CREATE INDEX events_seq_idx ON obx.events (seq);
+CREATE INDEX events_xid_idx ON obx.events (xid);
+
+/*
+ * Claims: one row per claimed batch, appended under the claim lock, never
+ * updated.  Every row is also a tick: snap is the claim's snapshot and
+ * floor the lowest seq it found unpublished, so that every event visible
+ * in snap with a lower seq is published or held in obx.event_states.  The
+ * next claim starts from the latest tick (obx._unpublished).  A claim that
+ * took nothing appends a tick only (ids NULL) when the floor moved.
+ */
+CREATE TABLE obx.claims (
+	lease_id			bigint		NOT NULL,
+	owner				integer		NOT NULL,
+	until				timestamptz NOT NULL,
+	claimed_at			timestamptz NOT NULL DEFAULT now(),
+	snap				pg_snapshot NOT NULL,
+	floor				bigint		NOT NULL,
+	max_seq				bigint,
+	ids					uuid[],
+	topics				text[],
+	keys				text[]
+) PARTITION BY LIST (((lease_id >> 40) % 3));
+CREATE TABLE obx.claims_0 PARTITION OF obx.claims FOR VALUES IN (0);
+CREATE TABLE obx.claims_1 PARTITION OF obx.claims FOR VALUES IN (1);
+CREATE TABLE obx.claims_2 PARTITION OF obx.claims FOR VALUES IN (2);
+CREATE INDEX claims_lease_idx ON obx.claims (lease_id);
+CREATE INDEX claims_max_seq_idx ON obx.claims (max_seq);
+
+/* A lease extended while its batch is still in flight. */
+CREATE TABLE obx.renewals (
+	lease_id			bigint		NOT NULL,
+	until				timestamptz NOT NULL
+) PARTITION BY LIST (((lease_id >> 40) % 3));
+CREATE TABLE obx.renewals_0 PARTITION OF obx.renewals FOR VALUES IN (0);
+CREATE TABLE obx.renewals_1 PARTITION OF obx.renewals FOR VALUES IN (1);
+CREATE TABLE obx.renewals_2 PARTITION OF obx.renewals FOR VALUES IN (2);
+CREATE INDEX renewals_lease_idx ON obx.renewals (lease_id);
+
+/*
+ * Records: one row per batch that came back, appended by the record step:
+ * the events Kafka acknowledged, where each landed and when.  A record ends
+ * its lease, whatever it holds (a release holds no event).  max_seq is the
+ * claim's, so that the claim finds every record that can matter to it.
+ */
+CREATE TABLE obx.records (
+	lease_id			bigint		NOT NULL,
+	recorded_at			timestamptz NOT NULL DEFAULT now(),
+	max_seq				bigint		NOT NULL,
+	ids					uuid[]		NOT NULL,
+	partitions			integer[]	NOT NULL,
+	offsets				bigint[]	NOT NULL,
+	published_at		timestamptz[] NOT NULL
+) PARTITION BY LIST (((lease_id >> 40) % 3));
+CREATE TABLE obx.records_0 PARTITION OF obx.records FOR VALUES IN (0);
+CREATE TABLE obx.records_1 PARTITION OF obx.records FOR VALUES IN (1);
+CREATE TABLE obx.records_2 PARTITION OF obx.records FOR VALUES IN (2);
+CREATE INDEX records_lease_idx ON obx.records (lease_id);
+CREATE INDEX records_max_seq_idx ON obx.records (max_seq);
+/* Where one event landed (obx.outbox_events). */
+CREATE INDEX records_ids_idx ON obx.records USING gin (ids);
+
+/*
+ * The few events that are not simply pending or published: failing
+ * (backing off), quarantined, skipped, or replayed.  Each holds a copy of
+ * its event, so it outlives the event's generation.  The only table of the
+ * publish path whose rows are updated, and only for those events.
+ */
+CREATE TABLE obx.event_states (
+	id					uuid		PRIMARY KEY,
+	seq					bigint		NOT NULL,
+	aggregate_id		text		NOT NULL,
+	topic				text		NOT NULL,
+	event_key			text		NOT NULL,
+	event_type			text,
+	headers				jsonb,
+	payload				jsonb,
+	occurred_at			timestamptz NOT NULL,
+	attempts			integer		NOT NULL DEFAULT 0,
+	failures			integer		NOT NULL DEFAULT 0,
+	next_attempt_at		timestamptz NOT NULL DEFAULT '-infinity',
+	quarantined_at		timestamptz,
+	skipped_at			timestamptz,
+	replayed_at			timestamptz,
+	published_at		timestamptz,	/* set when it is published again */
+	last_error			text,
+	last_error_class	text,
+	last_error_at		timestamptz
+);
+
+/* ---------------------------------------------------------------------
+ * 1.0's events, carried over: published ones as one record per 1,000
+ * (there is no claim yet, so the first claim reads them all), failed
+ * and quarantined ones into obx.event_states; pending ones need nothing.
+ * 1.0's leases are dropped: their events were not published, and are
+ * claimed again (at least once, with the same ids).
+ * --------------------------------------------------------------------- */
+
+INSERT INTO obx.events (id, seq, aggregate_id, topic, event_key, event_type,
+						headers, payload, occurred_at)
+SELECT id, seq, aggregate_id, topic, event_key, event_type, headers, payload, occurred_at
+  FROM obx.outbox_events;
+
+INSERT INTO obx.records (lease_id, recorded_at, max_seq, ids, partitions, offsets, published_at)
+SELECT nextval('obx.lease_seq'), now(), max(seq), array_agg(id ORDER BY seq),
+	   array_agg(coalesce(kafka_partition, -1) ORDER BY seq),
+	   array_agg(coalesce(kafka_offset, -1) ORDER BY seq),
+	   array_agg(published_at ORDER BY seq)
+  FROM (SELECT e.*, (row_number() OVER (ORDER BY seq) - 1) / 1000 AS chunk
+		  FROM obx.outbox_events e WHERE published_at IS NOT NULL) p
+ GROUP BY chunk;
+
+INSERT INTO obx.event_states (id, seq, aggregate_id, topic, event_key, event_type,
+							  headers, payload, occurred_at, attempts, failures,
+							  next_attempt_at, quarantined_at, last_error,
+							  last_error_class, last_error_at)
+SELECT id, seq, aggregate_id, topic, event_key, event_type, headers, payload,
+	   occurred_at, attempts, failures, next_attempt_at, quarantined_at,
+	   last_error, last_error_class, last_error_at
+  FROM obx.outbox_events
+ WHERE published_at IS NULL
+   AND (quarantined_at IS NOT NULL OR next_attempt_at > '-infinity' OR last_error IS NOT NULL);
+
+/* What 1.0's functions and views read goes, and comes back as views below. */
+DROP VIEW obx.status;
+DROP VIEW obx.leased_events;
+DROP VIEW obx.quarantine;
+DROP VIEW obx.publish_latency_summary;
+DROP FUNCTION obx.replay(text, timestamptz, timestamptz);
+ALTER EXTENSION obx DROP TABLE obx.outbox_events;
+ALTER EXTENSION obx DROP TABLE obx.leases;
+DROP TABLE obx.leases;
+/* skipped_events was LIKE outbox_events: it keeps its columns as they were. */
+DROP TABLE obx.outbox_events;
+
+/* ---------------------------------------------------------------------
+ * The steps' SQL, shared by every runtime: what is unpublished, what is
+ * leased, and the rotation.
+ * --------------------------------------------------------------------- */
+
+/*
+ * The records that can name an event _unpublished considers, as of the
+ * tick (floor, tick): those of batches that held an event at or above the
+ * floor, and those of every claim after the tick.
+ */
+CREATE FUNCTION obx._published_ids(floor bigint, tick bigint)
+RETURNS SETOF uuid
+LANGUAGE sql STABLE
+AS $$
+	SELECT u.id
+	  FROM obx.records r, unnest(r.ids) AS u(id)
+	 WHERE r.max_seq >= floor OR r.lease_id > tick
+$$;
+
+/*
+ * The events neither published nor held in obx.event_states, as of the
+ * tick (floor, snap, tick) of the latest claim: those at or above the
+ * floor, in seq order, and the late committers below it (transactions that
+ * were running or not yet started when snap was taken).  Inlined into the
+ * claim, which reads it in seq order up to the batch size.
+ */
+CREATE FUNCTION obx._unpublished(floor bigint, snap pg_snapshot, tick bigint)
+RETURNS SETOF obx.events
+LANGUAGE sql STABLE
+AS $$
+	WITH published AS MATERIALIZED (SELECT p FROM obx._published_ids(floor, tick) p),
+		 held AS MATERIALIZED (SELECT s.id FROM obx.event_states s)
+	SELECT e.*
+	  FROM obx.events e
+	 WHERE e.seq >= floor
+	   AND e.id NOT IN (SELECT p FROM published)
+	   AND e.id NOT IN (SELECT id FROM held)
+	UNION ALL
+	SELECT e.*
+	  FROM obx.events e
+	 WHERE e.seq < floor
+	   AND (e.xid >= pg_snapshot_xmax(snap)
+			OR e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(snap))))
+	   AND e.id NOT IN (SELECT p FROM published)
+	   AND e.id NOT IN (SELECT id FROM held)
+$$;
+
+/*
+ * The latest tick: the floor, snapshot and lease id of the latest claim.
+ * With no claim (a new install, or a database restored from pg_dump, which
+ * keeps no claim: another cluster's transaction ids mean nothing here),
+ * the tick before everything: every event and every record is read.
+ */
+CREATE FUNCTION obx._tick(OUT floor bigint, OUT snap pg_snapshot, OUT tick bigint)
+LANGUAGE sql STABLE
+AS $$
+	SELECT * FROM (
+		SELECT c.floor, c.snap, c.lease_id FROM obx.claims c ORDER BY c.lease_id DESC LIMIT 1) t
+	UNION ALL
+	SELECT 0, '1:1:', 0
+	ORDER BY 3 DESC
+	LIMIT 1
+$$;
+
+/*
+ * Live leases as of the tick: claims with no record whose lease (or its
+ * latest renewal) has not run out.  Older claims cannot hold an event that
+ * is still unpublished.
+ */
+CREATE FUNCTION obx._live_leases(floor bigint, tick bigint)
+RETURNS SETOF obx.claims
+LANGUAGE sql STABLE
+AS $$
+	SELECT c.*
+	  FROM obx.claims c
+	 WHERE (c.max_seq >= floor OR c.lease_id > tick)
+	   AND c.ids IS NOT NULL
+	   AND NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)
+	   AND greatest(c.until, (SELECT max(n.until) FROM obx.renewals n
+							   WHERE n.lease_id = c.lease_id)) >= now()
+$$;
+
+/*
+ * The same two sets as of the latest tick, as views for the status views:
+ * a view reads its tables as its owner, and a function called from a view
+ * would need EXECUTE and SELECT granted to every reader.  They are not
+ * written twice by hand: a view's text is the functions' with the latest
+ * tick joined in, and test/sql/operations.sql checks that both give the
+ * same rows.
+ */
+CREATE VIEW obx._latest_tick AS
+SELECT t.floor, t.snap, t.tick FROM (
+	SELECT * FROM (
+		SELECT c.floor, c.snap, c.lease_id AS tick FROM obx.claims c
+		 ORDER BY c.lease_id DESC LIMIT 1) x
+	UNION ALL
+	SELECT 0, '1:1:', 0
+	ORDER BY 3 DESC
+	LIMIT 1) t;
+
+CREATE VIEW obx._unpublished_events AS
+WITH t AS MATERIALIZED (SELECT * FROM obx._latest_tick),
+	 published AS MATERIALIZED (
+		SELECT u.id FROM t, obx.records r, unnest(r.ids) AS u(id)
+		 WHERE r.max_seq >= t.floor OR r.lease_id > t.tick),
+	 held AS MATERIALIZED (SELECT s.id FROM obx.event_states s)
+SELECT e.*
+  FROM obx.events e, t
+ WHERE e.seq >= t.floor
+   AND e.id NOT IN (SELECT id FROM published)
+   AND e.id NOT IN (SELECT id FROM held)
+UNION ALL
+SELECT e.*
+  FROM obx.events e, t
+ WHERE e.seq < t.floor
+   AND (e.xid >= pg_snapshot_xmax(t.snap)
+		OR e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(t.snap))))
+   AND e.id NOT IN (SELECT id FROM published)
+   AND e.id NOT IN (SELECT id FROM held);
+
+CREATE VIEW obx._live_claims AS
+SELECT c.*
+  FROM obx.claims c, obx._latest_tick t
+ WHERE (c.max_seq >= t.floor OR c.lease_id > t.tick)
+   AND c.ids IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)
+   AND greatest(c.until, (SELECT max(n.until) FROM obx.renewals n
+						   WHERE n.lease_id = c.lease_id)) >= now();
+
+/*
+ * Rotation and truncation, run by the worker that purges (housekeeping.c)
+ * every few seconds; returns what it did, NULL for nothing.
+ *
+ * A generation older than the current one is done when no event of it is
+ * unpublished and no transaction can still insert into its partition (a
+ * SHARE lock taken without waiting); the events that wait behind a failing
+ * event of their key are held first.  It is truncated obx.retention after
+ * it was done, in all four tables at once, without waiting for the lock:
+ * a claim or a report that holds a partition makes it try again later.
+ * The current generation is rotated away after half of obx.retention,
+ * once the partition it moves to is empty, under the claim lock, so that
+ * a claim's lease ids and the events it can see change generation
+ * together.  retention_s 0 keeps every event: no rotation.
+ */
+CREATE FUNCTION obx._rotate(retention_s float8)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	cur bigint := (SELECT last_value FROM obx.event_seq) >> 40;
+	g obx.generations;
+	slot integer;
+	t record;
+BEGIN
+	IF retention_s <= 0 THEN
+		RETURN NULL;
+	END IF;
+	SELECT * INTO g FROM obx.generations WHERE generation < cur ORDER BY generation LIMIT 1;
+	IF FOUND THEN
+		slot := g.generation % 3;
+		IF g.done_at IS NULL THEN
+			BEGIN
+				EXECUTE format('LOCK TABLE obx.events_%s IN SHARE MODE NOWAIT', slot);
+			EXCEPTION WHEN lock_not_available THEN
+				RETURN NULL;
+			END;
+			SELECT * INTO t FROM obx._tick();
+			/*
+			 * Events that wait behind a failing or quarantined event of their
+			 * key could wait for ever: they are held (copied into
+			 * obx.event_states, due, in their place in seq order), so that
+			 * the generation can go.
+			 */
+			PERFORM obx._hold(ARRAY(
+				SELECT u.id FROM obx._unpublished(t.floor, t.snap, t.tick) u
+				 WHERE u.seq >> 40 = g.generation
+				   AND (u.topic, u.event_key) IN (
+						SELECT s.topic, s.event_key FROM obx.event_states s
+						 WHERE s.published_at IS NULL AND s.skipped_at IS NULL)
+				   AND u.id NOT IN (SELECT x.id FROM obx._live_leases(t.floor, t.tick) l,
+												 unnest(l.ids) AS x(id))));
+			IF t.tick >> 40 <= g.generation
+			   OR EXISTS (SELECT 1 FROM obx._unpublished(t.floor, t.snap, t.tick) u
+						   WHERE u.seq >> 40 = g.generation)
+			   OR EXISTS (SELECT 1 FROM obx._live_leases(t.floor, t.tick) l
+						   WHERE l.lease_id >> 40 = g.generation) THEN
+				RETURN NULL;
+			END IF;
+			UPDATE obx.generations SET done_at = now() WHERE generation = g.generation;
+			RETURN format('generation %s published', g.generation);
+		END IF;
+		IF g.done_at >= now() - make_interval(secs => retention_s) THEN
+			RETURN NULL;
+		END IF;
+		BEGIN
+			EXECUTE format('LOCK TABLE obx.events_%1$s, obx.claims_%1$s, obx.records_%1$s,'
+						   ' obx.renewals_%1$s IN ACCESS EXCLUSIVE MODE NOWAIT', slot);
+		EXCEPTION WHEN lock_not_available THEN
+			RETURN NULL;
+		END;
+		EXECUTE format('TRUNCATE obx.events_%1$s, obx.claims_%1$s, obx.records_%1$s,'
+					   ' obx.renewals_%1$s', slot);
+		DELETE FROM obx.event_states s
+		 WHERE s.seq >> 40 = g.generation
+		   AND (s.published_at IS NOT NULL OR s.skipped_at IS NOT NULL);
+		DELETE FROM obx.generations WHERE generation = g.generation;
+		RETURN format('generation %s truncated', g.generation);
+	END IF;
+
+	/* Rotate: the current generation is old enough and the next slot free. */
+	IF coalesce((SELECT started_at FROM obx.generations WHERE generation = cur), now())
+		 >= now() - make_interval(secs => retention_s / 2)
+	   OR EXISTS (SELECT 1 FROM obx.generations WHERE generation = cur - 2) THEN
+		RETURN NULL;
+	END IF;
+	PERFORM pg_advisory_xact_lock(7299704, 1);	/* the claim lock ("obx", 1) */
+	PERFORM setval('obx.event_seq', (cur + 1) << 40, false);
+	PERFORM setval('obx.lease_seq', greatest((cur + 1) << 40,
+											 (SELECT last_value FROM obx.lease_seq) + 1), false);
+	INSERT INTO obx.generations (generation) VALUES (cur + 1);
+	RETURN format('rotated to generation %s', cur + 1);
+END
+$$;
+
+/* ---------------------------------------------------------------------
+ * What users read: obx.outbox_events as a view, the status views.
+ * --------------------------------------------------------------------- */
+
+/*
+ * Every retained event, as 1.0's table showed it: published once a record
+ * names it (or, for an event with a state, once the state says so);
+ * partition and offset from its first record since its latest replay (a
+ * stale worker's late report of a second copy does not move them);
+ * errors and attempts from obx.event_states.  Skipped events are in obx.skipped_events instead.
+ * Reading where one event landed is an index lookup; reading them all
+ * joins every record.
+ */
+CREATE VIEW obx.outbox_events AS
+SELECT e.id, e.seq, e.aggregate_id, e.topic, e.event_key, e.event_type,
+	   e.headers, e.payload, e.occurred_at,
+	   CASE WHEN s.id IS NULL THEN r.published_at ELSE s.published_at END AS published_at,
+	   coalesce(s.attempts, (r.published_at IS NOT NULL)::integer) AS attempts,
+	   coalesce(s.failures, 0) AS failures,
+	   coalesce(s.next_attempt_at, '-infinity') AS next_attempt_at,
+	   s.quarantined_at, s.last_error, s.last_error_class, s.last_error_at,
+	   CASE WHEN s.id IS NULL OR s.published_at IS NOT NULL THEN r.kafka_partition END
+		 AS kafka_partition,
+	   CASE WHEN s.id IS NULL OR s.published_at IS NOT NULL THEN r.kafka_offset END
+		 AS kafka_offset
+  FROM obx.events e
+  LEFT JOIN obx.event_states s ON s.id = e.id
+  LEFT JOIN LATERAL (
+	SELECT x.published_at[i] AS published_at, x.partitions[i] AS kafka_partition,
+		   x.offsets[i] AS kafka_offset
+	  FROM obx.records x, array_position(x.ids, e.id) AS i
+	 WHERE x.ids @> ARRAY[e.id]
+	   AND x.recorded_at >= coalesce(s.replayed_at, '-infinity')
+	 ORDER BY x.recorded_at
+	 LIMIT 1) r ON true
+ WHERE s.skipped_at IS NULL
+UNION ALL
+/* Held events whose generation was truncated: their state keeps them. */
+SELECT s.id, s.seq, s.aggregate_id, s.topic, s.event_key, s.event_type,
+	   s.headers, s.payload, s.occurred_at, s.published_at, s.attempts, s.failures,
+	   s.next_attempt_at, s.quarantined_at, s.last_error, s.last_error_class,
+	   s.last_error_at, NULL, NULL
+  FROM obx.event_states s
+ WHERE s.skipped_at IS NULL
+   AND NOT EXISTS (SELECT 1 FROM obx.events e WHERE e.id = s.id);
+
+/* Per-topic health: the numbers to alert on. */
+CREATE VIEW obx.status AS
+WITH pending AS (
+	SELECT u.id, u.topic, u.occurred_at FROM obx._unpublished_events u
+	UNION ALL
+	SELECT s.id, s.topic, s.occurred_at FROM obx.event_states s
+	 WHERE s.published_at IS NULL AND s.skipped_at IS NULL AND s.quarantined_at IS NULL
+),
+leased AS (
+	SELECT DISTINCT x.id FROM obx._live_claims l, unnest(l.ids) AS x(id)
+),
+topics AS (
+	SELECT DISTINCT e.topic FROM obx.events e
+	UNION
+	SELECT s.topic FROM obx.event_states s
+)
+SELECT t.topic,
+	   (SELECT count(*) FROM pending p WHERE p.topic = t.topic
+		   AND p.id NOT IN (SELECT id FROM leased)) AS pending,
+	   (SELECT count(*) FROM pending p WHERE p.topic = t.topic
+		   AND p.id IN (SELECT id FROM leased)) AS leased,
+	   (SELECT count(*) FROM obx.events e WHERE e.topic = t.topic)
+		 - (SELECT count(*) FROM obx._unpublished_events u WHERE u.topic = t.topic)
+		 - (SELECT count(*) FROM obx.event_states s, obx.events e
+			 WHERE e.id = s.id AND s.topic = t.topic AND s.published_at IS NULL)
+		 AS published,
+	   (SELECT count(*) FROM obx.event_states s WHERE s.topic = t.topic
+		   AND s.quarantined_at IS NOT NULL AND s.published_at IS NULL
+		   AND s.skipped_at IS NULL) AS quarantined,
+	   (SELECT count(*) FROM obx.event_states s WHERE s.topic = t.topic
+		   AND s.quarantined_at IS NULL AND s.published_at IS NULL
+		   AND s.skipped_at IS NULL AND s.last_error IS NOT NULL) AS failing,
+	   o.oldest_pending_at,
+	   greatest(coalesce(now() - o.oldest_pending_at, '0'::interval), '0'::interval)
+		 AS oldest_pending_age,
+	   (SELECT max(x.published_at[cardinality(x.published_at)])
+		  FROM obx.records x
+		 WHERE cardinality(x.ids) > 0
+		   AND x.recorded_at > now() - interval '1 day'
+		   AND EXISTS (SELECT 1 FROM obx.events e
+						WHERE e.id = x.ids[1] AND e.topic = t.topic)) AS last_published_at,
+	   (SELECT s.last_error FROM obx.event_states s WHERE s.topic = t.topic
+		   AND s.last_error IS NOT NULL ORDER BY s.last_error_at DESC LIMIT 1) AS last_error,
+	   (SELECT max(s.last_error_at) FROM obx.event_states s WHERE s.topic = t.topic)
+		 AS last_error_at,
+	   obx._relay_problem() AS problem
+  FROM topics t
+  LEFT JOIN LATERAL (
+	SELECT min(p.occurred_at) AS oldest_pending_at FROM (
+		SELECT p.occurred_at FROM pending p WHERE p.topic = t.topic
+		UNION ALL
+		SELECT s.occurred_at FROM obx.event_states s WHERE s.topic = t.topic
+		   AND s.published_at IS NULL AND s.skipped_at IS NULL) p) o ON true;
+
+/* The live leases, with 1.0's columns: one row per batch in flight. */
+CREATE VIEW obx.leases AS
+SELECT l.lease_id, l.owner,
+	   greatest(l.until, (SELECT max(n.until) FROM obx.renewals n
+						   WHERE n.lease_id = l.lease_id)) AS until,
+	   l.claimed_at, l.ids, l.topics, l.keys
+  FROM obx._live_claims l;
+
+/* One row per leased event, for people and tests. */
+CREATE VIEW obx.leased_events AS
+SELECT u.id, u.topic, u.event_key, l.lease_id, l.owner AS lease_owner,
+	   greatest(l.until, (SELECT max(n.until) FROM obx.renewals n
+						   WHERE n.lease_id = l.lease_id)) AS lease_until,
+	   l.claimed_at
+  FROM obx._live_claims l,
+	   unnest(l.ids, l.topics, l.keys) AS u(id, topic, event_key);
+
+CREATE VIEW obx.quarantine AS
+SELECT s.id, s.topic, s.event_key, s.event_type, s.attempts,
+	   s.last_error_class, s.last_error, s.quarantined_at, s.occurred_at
+  FROM obx.event_states s
+ WHERE s.quarantined_at IS NOT NULL AND s.published_at IS NULL AND s.skipped_at IS NULL;
+
+/*
+ * Median and 99th percentile of the publish latency per topic over the
+ * last minute, from the records of that minute.
+ */
+CREATE VIEW obx.publish_latency_summary AS
+SELECT e.topic,
+	   count(*) AS events,
+	   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM x.t - e.occurred_at)) AS p50,
+	   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM x.t - e.occurred_at)) AS p99,
+	   interval '1 minute' AS window_length
+  FROM obx.records r,
+	   unnest(r.ids, r.published_at) AS x(id, t),
+	   obx.events e
+ WHERE r.recorded_at > now() - interval '1 minute'
+   AND x.t > now() - interval '1 minute'
+   AND e.id = x.id
+ GROUP BY e.topic;
+
+/* ---------------------------------------------------------------------
+ * The operator functions, on obx.event_states.
+ * --------------------------------------------------------------------- */
+
+/* Copy events into obx.event_states (a no-op for those already there). */
+CREATE FUNCTION obx._hold(ids uuid[])
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	INSERT INTO obx.event_states (id, seq, aggregate_id, topic, event_key, event_type,
+								  headers, payload, occurred_at)
+	SELECT e.id, e.seq, e.aggregate_id, e.topic, e.event_key, e.event_type,
+		   e.headers, e.payload, e.occurred_at
+	  FROM obx.events e WHERE e.id = ANY (ids)
+	ON CONFLICT (id) DO NOTHING
+$$;
+
+CREATE OR REPLACE FUNCTION obx.retry(event_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n integer;
+BEGIN
+	UPDATE obx.event_states s
+	   SET quarantined_at = NULL, attempts = 0, failures = 0, next_attempt_at = '-infinity'
+	 WHERE s.id = retry.event_id
+	   AND s.published_at IS NULL AND s.skipped_at IS NULL
+	   AND (s.quarantined_at IS NOT NULL OR s.next_attempt_at > now());
+	GET DIAGNOSTICS n = ROW_COUNT;
+	IF n > 0 THEN
+		PERFORM obx._wake_at_commit();
+	END IF;
+	RETURN n > 0;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION obx.retry_quarantined(topic text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n bigint;
+BEGIN
+	UPDATE obx.event_states s
+	   SET quarantined_at = NULL, attempts = 0, failures = 0, next_attempt_at = '-infinity'
+	 WHERE s.published_at IS NULL AND s.skipped_at IS NULL
+	   AND s.quarantined_at IS NOT NULL
+	   AND (retry_quarantined.topic IS NULL OR s.topic = retry_quarantined.topic);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	IF n > 0 THEN
+		PERFORM obx._wake_at_commit();
+	END IF;
+	RETURN n;
+END
+$$;
+
+/*
+ * skip: give up on a quarantined event.  Its state stays (skipped), so it
+ * is never claimed again; a copy goes to obx.skipped_events with the reason.
+ */
+CREATE OR REPLACE FUNCTION obx.skip(event_id uuid, reason text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n integer;
+BEGIN
+	IF reason IS NULL OR reason = '' THEN
+		RAISE EXCEPTION 'obx skip needs a reason'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Say why the event will never be published; it is kept in obx.skipped_events.';
+	END IF;
+	WITH gone AS (
+		UPDATE obx.event_states s
+		   SET skipped_at = now()
+		 WHERE s.id = skip.event_id
+		   AND s.published_at IS NULL AND s.skipped_at IS NULL
+		   AND s.quarantined_at IS NOT NULL
+		RETURNING s.*
+	)
+	INSERT INTO obx.skipped_events
+		(id, seq, aggregate_id, topic, event_key, event_type, headers, payload,
+		 occurred_at, published_at, attempts, failures, next_attempt_at,
+		 quarantined_at, last_error, last_error_class, last_error_at,
+		 kafka_partition, kafka_offset, skipped_at, skipped_by, skip_reason)
+	SELECT g.id, g.seq, g.aggregate_id, g.topic, g.event_key, g.event_type, g.headers,
+		   g.payload, g.occurred_at, NULL, g.attempts, g.failures, g.next_attempt_at,
+		   g.quarantined_at, g.last_error, g.last_error_class, g.last_error_at,
+		   NULL, NULL, now(), session_user, skip.reason
+	  FROM gone g;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	IF n > 0 THEN
+		PERFORM obx._wake_at_commit();
+	END IF;
+	RETURN n > 0;
+END
+$$;
+
+/*
+ * replay: publish already-published events again, with the same ids.
+ * They keep their place in enqueue order, so a replayed event of a key is
+ * sent before that key's events still pending.
+ */
+CREATE OR REPLACE FUNCTION obx.replay(event_ids uuid[])
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	ids uuid[];
+	n bigint;
+BEGIN
+	SELECT coalesce(array_agg(o.id), '{}') INTO ids
+	  FROM obx.outbox_events o
+	 WHERE o.id = ANY (replay.event_ids) AND o.published_at IS NOT NULL;
+	PERFORM obx._hold(ids);
+	UPDATE obx.event_states s
+	   SET published_at = NULL, replayed_at = now(), quarantined_at = NULL,
+		   attempts = 0, failures = 0, next_attempt_at = '-infinity'
+	 WHERE s.id = ANY (ids);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	IF n > 0 THEN
+		PERFORM obx._wake_at_commit();
+	END IF;
+	RETURN n;
+END
+$$;
+
+CREATE FUNCTION obx.replay(topic text, since timestamptz,
+						   until timestamptz DEFAULT 'infinity')
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT obx.replay(coalesce(array_agg(e.id), '{}'))
+	  FROM obx.outbox_events e
+	 WHERE e.topic = replay.topic
+	   AND e.published_at IS NOT NULL
+	   AND e.occurred_at >= replay.since
+	   AND e.occurred_at < replay.until;
+$$;
+
+/* ---------------------------------------------------------------------
+ * Privileges, comments, pg_dump
+ * --------------------------------------------------------------------- */
+
+REVOKE ALL ON obx.generations, obx.events, obx.claims, obx.renewals, obx.records,
+	obx.event_states, obx.outbox_events, obx.status, obx.leased_events,
+	obx.quarantine, obx.publish_latency_summary, obx.leases, obx._latest_tick,
+	obx._unpublished_events, obx._live_claims FROM PUBLIC;
+REVOKE ALL ON FUNCTION obx._published_ids(bigint, bigint),
+	obx._unpublished(bigint, pg_snapshot, bigint), obx._tick(),
+	obx._live_leases(bigint, bigint),
+	obx._rotate(float8), obx._hold(uuid[]),
+	obx.replay(text, timestamptz, timestamptz) FROM PUBLIC;
+
+COMMENT ON TABLE obx.events IS
+	'Every event enqueued, inserted once and never updated; old generations are truncated after obx.retention';
+COMMENT ON COLUMN obx.events.seq IS
+	'Enqueue order; events of one topic and key are published in this order.  Bits 40 and up: the generation';
+COMMENT ON TABLE obx.claims IS
+	'Batches claimed by relay workers, one row each, never updated; each row is also a tick the next claim starts from';
+COMMENT ON TABLE obx.records IS
+	'What came back of each batch: the events Kafka acknowledged, their partitions, offsets and times';
+COMMENT ON TABLE obx.event_states IS
+	'Events failing, quarantined, skipped or replayed, each with a copy of the event';
+COMMENT ON TABLE obx.generations IS
+	'Generations of the outbox: when each started and when all its events were published';
+COMMENT ON VIEW obx.outbox_events IS
+	'Every retained event as obx 1.0 showed it: published_at IS NULL while it waits for Kafka';
+COMMENT ON VIEW obx.status IS
+	'Per topic: pending, leased, published (still retained), quarantined, age of the oldest unpublished event, last error, and why no relay publishes them (problem)';
+COMMENT ON VIEW obx.leases IS
+	'Batches claimed by relay workers whose lease has not run out: one row per batch, its events in parallel arrays';
+COMMENT ON VIEW obx.leased_events IS
+	'Events leased to a relay worker whose lease has not run out';
+COMMENT ON VIEW obx.quarantine IS
+	'Events the relay gave up on, with their errors; obx.retry(id) sends one again';
+COMMENT ON VIEW obx.publish_latency_summary IS
+	'Per topic, median and 99th percentile of enqueue to Kafka acknowledgement, in seconds, over the events published in the last minute';
+COMMENT ON FUNCTION obx.replay(text, timestamptz, timestamptz) IS
+	'Publish again the events of a topic that occurred in [since, until); returns how many';
+
+SELECT pg_catalog.pg_extension_config_dump('obx.events_0', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.events_1', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.events_2', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.records_0', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.records_1', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.records_2', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.event_states', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.generations', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.lease_seq', '');
