@@ -2,13 +2,14 @@
 #
 # The relay claims a batch, produces it, gets the acknowledgement, and is
 # killed (SIGKILL, then crash recovery of the whole instance) before the
-# short transaction that sets published_at commits.  Guarantees 2, 3 and 6:
-# nothing is lost, the event is sent again with the same event_id header,
-# and the outbox row ends up published where the re-send landed.
+# short transaction that records the batch (obx.records) commits.
+# Guarantees 2, 3 and 6: nothing is lost, the event is sent again with the
+# same event_id header, and the outbox ends up showing it published where
+# the re-send landed.
 #
-# The window is made deterministic with a row lock: once the claim has
+# The window is made deterministic with a lock: once the claim has
 # committed (the relay holds no lock while it waits on Kafka), a test
-# session locks the event's row; the relay's UPDATE of that row, after the
+# session takes a SHARE lock on obx.records; the relay's record, after the
 # acknowledgement, then waits on the lock, and the relay is killed there.
 use strict;
 use warnings;
@@ -64,16 +65,16 @@ is($node->safe_psql('postgres', 'SELECT count(DISTINCT lease_id) FROM obx.leased
 	join(',', map { "'$_'" } @batch) . ')'),
 	'1', 'the three events form one claimed batch');
 
-# Take the row lock right after a lease renewal, the sign that the relay
-# is alive and waiting on Kafka (a renewal writes obx.leases, never an
-# event's row, so the lock below cannot stall it).
+# Take the lock right after a lease renewal, the sign that the relay
+# is alive and waiting on Kafka (a renewal writes obx.renewals, not
+# obx.records, so the lock below cannot stall it).
 my $lease0 = $node->safe_psql('postgres',
 	"SELECT lease_until FROM obx.leased_events WHERE id = '$victim'");
 $node->poll_query_until('postgres',
 	"SELECT lease_until > '$lease0' FROM obx.leased_events WHERE id = '$victim'")
   or die 'the lease was never renewed';
 
-# Take the row lock, with the brokers down: nothing is published yet.
+# Take the lock, with the brokers down: nothing is published yet.
 # Then up: the batch is acknowledged and the relay waits to record it.
 my ($relay_pid, $bg) = relay_waits_on_record($node, $mock, $topic, \@batch, sub {
 	is($node->safe_psql('postgres',

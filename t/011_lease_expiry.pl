@@ -120,15 +120,15 @@ my $stall = time() - $t_stop;
 cmp_ok($stall, '<', 30, sprintf('the stall (%.1f s) is shorter than obx.delivery_timeout', $stall));
 
 # Wake the stale worker, with its first database step made slow: a
-# session holds a SHARE lock on obx.leases, so the worker's lease renewal
-# (the step that would find the lease lost and purge its producer's queue)
-# waits, while its producer, whose threads woke up too, reconnects to the
+# session holds the claim lock (src/outbox.h), so the worker's lease
+# renewal (the step that would find the lease lost and purge its
+# producer's queue), which checks the lease under that lock, waits, while its producer, whose threads woke up too, reconnects to the
 # brokers and sends the old batch.  The stale worker's late copies then
 # land after the newer events of the same keys: the case that must come
 # out as duplicates, never as a reorder or a lost record.
 my $log_offset = -s $node->logfile;
 my $blocker = $node->background_psql('postgres');
-$blocker->query_safe('BEGIN; LOCK TABLE obx.leases IN SHARE MODE;');
+$blocker->query_safe('BEGIN; SELECT pg_advisory_xact_lock(7299704, 1);');
 resume();
 ok($node->poll_query_until('postgres',
 	"SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $pid"),

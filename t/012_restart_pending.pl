@@ -50,13 +50,16 @@ $node->poll_query_until('postgres',
 	"SELECT count(*) > 0 FROM obx.leased_events")
   or die 'no event was ever claimed';
 
-# The relays hold no row lock while they wait on Kafka: a session can lock
-# every pending row (lock_timeout covers a lease renewal in progress).
+# The relays hold no lock while they wait on Kafka: a session can lock
+# every pending event's row, and obx.records against the record step
+# (lock_timeout covers a lease renewal in progress).
 my ($ret, $out, $err) = $node->psql('postgres', q{
 	SET lock_timeout = '5s';
 	BEGIN;
-	SELECT count(*) FROM (SELECT 1 FROM obx.outbox_events
-		WHERE published_at IS NULL FOR UPDATE) s;
+	SELECT count(*) FROM (SELECT 1 FROM obx.events
+		WHERE id IN (SELECT id FROM obx.outbox_events WHERE published_at IS NULL)
+		FOR UPDATE) s;
+	LOCK TABLE obx.records IN SHARE MODE;
 	ROLLBACK;});
 is($ret, 0, 'every pending row can be locked while the relays wait on Kafka')
   or diag($err);

@@ -1,20 +1,23 @@
 # The retention purge (docs/operations.md, section Retention).
 #
-# Relay worker 0 deletes published events whose published_at is older than
-# obx.retention, rows of obx.processed_events whose processed_at is older
+# Relay worker 0 rotates the outbox (docs/internals.md, "The outbox log"):
+# a generation older than half of obx.retention is closed, marked done once
+# every event of it is published, and truncated obx.retention after that;
+# it deletes rows of obx.processed_events whose processed_at is older
 # than obx.processed_retention, and dead letters that failed (or, for a
 # replayed one, were replayed) longer ago than obx.dead_letter_retention,
 # at most 1000 rows of each a pass, logging how many of the dead letters
 # were never replayed.  Unpublished events are never purged: neither one
 # that waits behind a quarantined event of its key nor the quarantined
-# one, however old.  After the purge an id can be enqueued and published
-# again, obx.replay ignores a purged id, and a purged dedupe mark no
-# longer stops the effect (the dedupe rule of the docs).
+# one, however old; they outlive their generation in obx.event_states.
+# After the purge an id can be enqueued and published again, obx.replay
+# ignores a purged id, and a purged dedupe mark no longer stops the effect
+# (the dedupe rule of the docs).
 #
-# Age is made, not waited for: the rows that must go are moved two days
-# into the past and the retentions set to one day, so no row's fate
-# depends on how fast the test runs.  Every retention is 0 (forever) until
-# the rows are in place.
+# Age is made, not waited for: the generation and the rows that must go are
+# moved two days into the past and the retentions set to one day, so no
+# row's fate depends on how fast the test runs.  Every retention is 0
+# (forever) until the rows are in place.
 use strict;
 use warnings;
 
@@ -25,7 +28,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $topic = 'ret.v1';
-my $nold = 1100;    # more than one purge pass deletes (1000)
+my $nold = 1100;    # several batches, published before the generation is closed
 my $nnew = 20;
 
 # The poison: the producer's own size limit (see t/022).
@@ -53,12 +56,10 @@ sub count_set
 # The rows.
 ############################################################################
 
-# Published events: $nold to be aged, $nnew to stay recent.
+# Published events of the first generation, to be aged.
 q1(qq{SELECT obx.enqueue('$topic', 'k' || (i % 10), jsonb_build_object('set', 'old', 'i', i))
 	    FROM generate_series(1, $nold) i});
-q1(qq{SELECT obx.enqueue('$topic', 'k' || (i % 10), jsonb_build_object('set', 'new', 'i', i))
-	    FROM generate_series(1, $nnew) i});
-ok(all_published($node), 'every event of the old and the new set is published');
+ok(all_published($node), 'every event of the old set is published');
 
 # A quarantined event and one that waits behind it on its key.
 my $poison = q1(qq{SELECT obx.enqueue('$topic', 'kq',
@@ -83,12 +84,11 @@ q1(q{
 		('ret-app', 'dl-new', 'ret.in.v1', 0, 3, 'handler', 'e', now(), NULL);
 });
 
-# Age: every event occurred two days ago, the old set was published then,
-# the old marks were made then.
+# Age: every event occurred two days ago, the first generation started
+# then, the old marks were made then.
 q1(qq{
-	UPDATE obx.outbox_events SET occurred_at = now() - interval '2 days';
-	UPDATE obx.outbox_events SET published_at = now() - interval '2 days'
-	 WHERE payload->>'set' = 'old';
+	UPDATE obx.events SET occurred_at = now() - interval '2 days';
+	UPDATE obx.generations SET started_at = now() - interval '2 days';
 	UPDATE obx.processed_events SET processed_at = now() - interval '2 days'
 	 WHERE event_id LIKE 'old-%';
 });
@@ -97,15 +97,13 @@ is(q1(qq{SELECT count(*) FROM obx.outbox_events
 	'2', 'the quarantined event and the one behind it are unpublished');
 my ($old_id, $old_key, $old_payload) = split /\|/,
   q1(q{SELECT id, event_key, payload FROM obx.outbox_events WHERE payload = '{"set": "old", "i": 1}'});
-my ($new_id, $new_key, $new_payload) = split /\|/,
-  q1(q{SELECT id, event_key, payload FROM obx.outbox_events WHERE payload = '{"set": "new", "i": 1}'});
 
 # Before the purge, the same id and content is a no-op.
 is(q1(qq{SELECT obx.enqueue('$topic', '$old_key', '$old_payload', event_id => '$old_id')}),
 	$old_id, 'before the purge, enqueueing a retained event again returns its id');
 is(count_set('old'), $nold, '... and adds no row');
 
-is(q1('SELECT count(*) FROM obx.outbox_events'), $nold + $nnew + 2,
+is(q1('SELECT count(*) FROM obx.outbox_events'), $nold + 2,
 	'with every retention 0 nothing was purged');
 
 ############################################################################
@@ -118,12 +116,37 @@ q1(q{
 	ALTER SYSTEM SET obx.dead_letter_retention = '1d';
 	SELECT pg_reload_conf();
 });
+# The first generation, older than half the retention, is closed; every
+# event of it is published or held, so it is done.
+ok($node->poll_query_until('postgres', q{
+	SELECT count(*) = 1 FROM obx.generations WHERE generation = 1}),
+	'the first generation is closed: new events go to the next');
+ok($node->poll_query_until('postgres', q{
+	SELECT done_at IS NOT NULL FROM obx.generations WHERE generation = 0}),
+	'the first generation is done once the event behind the quarantined one is held');
+is(count_set('old'), $nold, 'a done generation stays for obx.retention');
+
+# Published events of the new generation, to stay recent.
+q1(qq{SELECT obx.enqueue('$topic', 'k' || (i % 10), jsonb_build_object('set', 'new', 'i', i))
+	    FROM generate_series(1, $nnew) i});
+ok($node->poll_query_until('postgres', q{
+	SELECT count(*) = 0 FROM obx.outbox_events
+	 WHERE payload->>'set' = 'new' AND published_at IS NULL}),
+	'every event of the new set is published');
+my ($new_id, $new_key, $new_payload) = split /\|/,
+  q1(q{SELECT id, event_key, payload FROM obx.outbox_events WHERE payload = '{"set": "new", "i": 1}'});
+is(q1(qq{SELECT count(*) FROM obx.events WHERE payload->>'set' = 'new' AND seq >> 40 = 1}),
+	$nnew, 'the new set is in the new generation');
+
+# The first generation was done two days ago.
+q1(q{UPDATE obx.generations SET done_at = now() - interval '2 days' WHERE generation = 0});
 ok($node->poll_query_until('postgres', q{
 	SELECT (SELECT count(*) FROM obx.outbox_events WHERE payload->>'set' = 'old') = 0
 	   AND (SELECT count(*) FROM obx.processed_events WHERE event_id LIKE 'old-%') = 0
 	   AND (SELECT count(*) FROM obx.dead_letters
 	         WHERE event_id IN ('dl-old', 'dl-replayed-old')) = 0}),
-	"the purge deleted the $nold old published events (over more than one pass), the old marks and the old dead letters");
+	"the purge truncated the first generation's $nold published events, deleted the old marks and the old dead letters");
+is(q1(q{SELECT count(*) FROM obx.events_0}), '0', 'the first generation\'s partition is empty');
 
 is(count_set('new'), $nnew, 'published events younger than obx.retention stay');
 is(q1(qq{SELECT string_agg(payload->>'set' || ' ' || (quarantined_at IS NOT NULL)

@@ -18,8 +18,8 @@
 #     clean restart of PostgreSQL, the application committing all along
 #     without waiting on Kafka; the brokers resume and everything arrives;
 # (d) Kafka acknowledged, the worker killed (-9) before published_at
-#     (t/010): a session holds the event's row lock, so the relay's record
-#     waits on it after the acknowledgement; the relay is killed there, the
+#     (t/010): a session holds a SHARE lock on obx.records, so the relay's
+#     record waits on it after the acknowledgement; the relay is killed there, the
 #     instance recovers, and the event is sent again with the same id.
 use strict;
 use warnings;

@@ -148,7 +148,7 @@ sub one_batch
 
 # relay_waits_on_record($node, $broker, $topic, \@batch, $release, $label):
 # the window of t/010.  @batch is one claimed batch, in flight; the first
-# is the victim.  A session locks the victim's row (the relay holds no
+# is the victim.  A session locks obx.records (the relay holds no
 # lock while it waits on Kafka, so the lock is granted at once), then
 # $release->() lets the batch through (brokers up, relays resumed).  Waits
 # until the batch is at the broker and its relay waits on the lock, to
@@ -161,11 +161,13 @@ sub relay_waits_on_record
 	my $bg = $node->background_psql('postgres', on_error_stop => 0);
 	my $bg_pid = $bg->query_safe('SELECT pg_backend_pid()');
 	my $t_lock = time();
-	# lock_timeout: a relay holding a row lock across the network fails the
+	# The record step appends the batch's row to obx.records: a SHARE lock on
+	# it makes the step wait (claims and renewals do not insert there).
+	# lock_timeout: a relay holding a lock across the network fails the
 	# test here instead of hanging it.
 	$bg->query_safe(
-		"SET lock_timeout = '10s'; BEGIN; SELECT 1 FROM obx.outbox_events WHERE id = '$victim' FOR UPDATE;");
-	note(sprintf('%srow lock granted in %.3f s (the relay holds no lock while it waits on Kafka)',
+		"SET lock_timeout = '10s'; BEGIN; LOCK TABLE obx.records IN SHARE MODE;");
+	note(sprintf('%slock granted in %.3f s (the relay holds no lock while it waits on Kafka)',
 		$label, time() - $t_lock));
 	$release->();
 
@@ -179,7 +181,7 @@ sub relay_waits_on_record
 		SELECT count(*) = 1 FROM pg_stat_activity
 		 WHERE backend_type = 'obx relay' AND wait_event_type = 'Lock'
 		   AND $bg_pid = ANY (pg_blocking_pids(pid))})
-	  or die 'the relay never waited on the row lock';
+	  or die 'the relay never waited on the lock';
 	my ($relay_pid, $relay_query) = split /\|/, $node->safe_psql('postgres', qq{
 		SELECT pid, query FROM pg_stat_activity
 		 WHERE backend_type = 'obx relay' AND $bg_pid = ANY (pg_blocking_pids(pid))});
