@@ -29,13 +29,14 @@ INSERT INTO obx.generations (generation) VALUES (0);
 
 /*
  * The events, in three partitions.  Inserted by obx.enqueue and never
- * written again.  xid is the inserting transaction, as a 64-bit id that
- * pg_snapshot functions compare: the claim finds late committers by it.
+ * written again.  xid is the inserting transaction's 64-bit id (an xid8 as
+ * a bigint, which the planner can estimate ranges of): the claim finds
+ * late committers by it.
  */
 CREATE TABLE obx.events (
 	id					uuid		NOT NULL,
 	seq					bigint		NOT NULL DEFAULT nextval('obx.event_seq'),
-	xid					xid8		NOT NULL DEFAULT pg_current_xact_id(),
+	xid					bigint		NOT NULL DEFAULT pg_current_xact_id()::text::bigint,
 	aggregate_id		text		NOT NULL,
 	topic				text		NOT NULL,
 	event_key			text		NOT NULL,
@@ -203,35 +204,60 @@ LANGUAGE sql STABLE
 AS $$
 	SELECT u.id
 	  FROM obx.records r, unnest(r.ids) AS u(id)
-	 WHERE r.max_seq >= floor OR r.lease_id > tick
+	 WHERE r.max_seq >= _published_ids.floor OR r.lease_id > _published_ids.tick
 $$;
 
 /*
  * The events neither published nor held in obx.event_states, as of the
- * tick (floor, snap, tick) of the latest claim: those at or above the
- * floor, in seq order, and the late committers below it (transactions that
- * were running or not yet started when snap was taken).  Inlined into the
- * claim, which reads it in seq order up to the batch size.
+ * tick (floor, snap, tick) of the latest claim, in two parts: those at or
+ * above the floor (_unpublished_from, read in seq order on the seq index),
+ * and the late committers below it (_unpublished_late: transactions that
+ * were running or not yet started when snap was taken, on the xid index).
+ * Each part is one SELECT, inlined into the claim, which reads each in seq
+ * order up to the batch size: the planner merges the partitions' index
+ * scans and stops early, which it does not do across a UNION ALL.
+ * _unpublished is both, for the rest.
  */
+CREATE FUNCTION obx._unpublished_from(floor bigint, tick bigint)
+RETURNS SETOF obx.events
+LANGUAGE sql STABLE
+AS $$
+	SELECT e.*
+	  FROM obx.events e
+	 WHERE e.seq >= _unpublished_from.floor
+	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_from.floor,
+														  _unpublished_from.tick) p)
+	   AND e.id NOT IN (SELECT s.id FROM obx.event_states s)
+$$;
+
+CREATE FUNCTION obx._unpublished_late(floor bigint, snap pg_snapshot, tick bigint)
+RETURNS SETOF obx.events
+LANGUAGE sql STABLE
+AS $$
+	SELECT e.*
+	  FROM obx.events e
+	 WHERE e.seq < _unpublished_late.floor
+	   AND e.xid >= pg_snapshot_xmax(_unpublished_late.snap)::text::bigint
+	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_late.floor,
+														  _unpublished_late.tick) p)
+	   AND e.id NOT IN (SELECT s.id FROM obx.event_states s)
+	UNION ALL
+	SELECT e.*
+	  FROM obx.events e
+	 WHERE e.seq < _unpublished_late.floor
+	   AND e.xid IN (SELECT x::text::bigint FROM pg_snapshot_xip(_unpublished_late.snap) x)
+	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_late.floor,
+														  _unpublished_late.tick) p)
+	   AND e.id NOT IN (SELECT s.id FROM obx.event_states s)
+$$;
+
 CREATE FUNCTION obx._unpublished(floor bigint, snap pg_snapshot, tick bigint)
 RETURNS SETOF obx.events
 LANGUAGE sql STABLE
 AS $$
-	WITH published AS MATERIALIZED (SELECT p FROM obx._published_ids(floor, tick) p),
-		 held AS MATERIALIZED (SELECT s.id FROM obx.event_states s)
-	SELECT e.*
-	  FROM obx.events e
-	 WHERE e.seq >= floor
-	   AND e.id NOT IN (SELECT p FROM published)
-	   AND e.id NOT IN (SELECT id FROM held)
+	SELECT * FROM obx._unpublished_from(_unpublished.floor, _unpublished.tick)
 	UNION ALL
-	SELECT e.*
-	  FROM obx.events e
-	 WHERE e.seq < floor
-	   AND (e.xid >= pg_snapshot_xmax(snap)
-			OR e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(snap))))
-	   AND e.id NOT IN (SELECT p FROM published)
-	   AND e.id NOT IN (SELECT id FROM held)
+	SELECT * FROM obx._unpublished_late(_unpublished.floor, _unpublished.snap, _unpublished.tick)
 $$;
 
 /*
@@ -262,7 +288,7 @@ LANGUAGE sql STABLE
 AS $$
 	SELECT c.*
 	  FROM obx.claims c
-	 WHERE (c.max_seq >= floor OR c.lease_id > tick)
+	 WHERE (c.max_seq >= _live_leases.floor OR c.lease_id > _live_leases.tick)
 	   AND c.ids IS NOT NULL
 	   AND NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)
 	   AND greatest(c.until, (SELECT max(n.until) FROM obx.renewals n
@@ -302,8 +328,8 @@ UNION ALL
 SELECT e.*
   FROM obx.events e, t
  WHERE e.seq < t.floor
-   AND (e.xid >= pg_snapshot_xmax(t.snap)
-		OR e.xid = ANY (ARRAY(SELECT pg_snapshot_xip(t.snap))))
+   AND (e.xid >= pg_snapshot_xmax(t.snap)::text::bigint
+		OR e.xid IN (SELECT x::text::bigint FROM pg_snapshot_xip(t.snap) x))
    AND e.id NOT IN (SELECT id FROM published)
    AND e.id NOT IN (SELECT id FROM held);
 
@@ -709,7 +735,8 @@ REVOKE ALL ON obx.generations, obx.events, obx.claims, obx.renewals, obx.records
 	obx.quarantine, obx.publish_latency_summary, obx.leases, obx._latest_tick,
 	obx._unpublished_events, obx._live_claims FROM PUBLIC;
 REVOKE ALL ON FUNCTION obx._published_ids(bigint, bigint),
-	obx._unpublished(bigint, pg_snapshot, bigint), obx._tick(),
+	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
+	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),
 	obx._live_leases(bigint, bigint),
 	obx._rotate(float8), obx._hold(uuid[]),
 	obx.replay(text, timestamptz, timestamptz) FROM PUBLIC;

@@ -29,8 +29,10 @@
  * lock, so claims after a tick have higher ids than the tick's; that is how
  * the claim bounds the records and leases it reads.
  *
- * The plan is custom (planned for the tick's values): the floor and the
- * snapshot's horizon move, and the seq and xid indexes' ranges with them.
+ * The claim's and the floor's plans are generic (planning them costs more
+ * than running them), built with enable_seqscan off: whatever the tick's
+ * values, each part must walk its index (seq from the floor, xid from the
+ * horizon), never the table, whose retained events it does not need.
  *
  *-------------------------------------------------------------------------
  */
@@ -54,7 +56,6 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
-#include "utils/xid8.h"
 
 #include "obx.h"
 #include "compat.h"
@@ -82,7 +83,12 @@ static const char *tick_sql = "SELECT t.floor, t.snap, t.tick FROM obx._tick() t
 /*
  * The claimable events in seq order ($1: obx.quarantine_blocks_key, $2:
  * obx.batch_size, $3-$5: the tick), each with its payload as stored and
- * its inserting transaction; held events (obx.event_states) among them.
+ * its inserting transaction (NULL for an event claimed from
+ * obx.event_states: it failed, or was published, before).  Each part is
+ * read in seq order up to the batch size, but for the late committers:
+ * they are few, and found on the xid index, which an ORDER BY seq ... LIMIT
+ * would trade for a walk of the seq index below the floor (the floor's
+ * min(seq + 0) avoids the same).
  */
 static const char *claim_sql =
 	"WITH blocked AS MATERIALIZED ("
@@ -102,18 +108,26 @@ static const char *claim_sql =
 	"       CASE WHEN c.headers IS NOT NULL THEN"
 	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
 	"            FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"
-	"       c.xid, c.occurred_at, c.held"
-	"  FROM (SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"
-	"               0 AS attempts, u.headers, u.xid, u.occurred_at, false AS held"
-	"          FROM obx._unpublished($3, $4, $5) u"
+	"       c.xid, c.occurred_at"
+	"  FROM ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"
+	"                0 AS attempts, u.headers, u.xid, u.occurred_at"
+	"           FROM obx._unpublished_from($3, $5) u"
+	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
+	"          ORDER BY u.seq LIMIT $2)"
 	"        UNION ALL"
-	"        SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"
-	"               s.attempts, s.headers, NULL::pg_catalog.xid8, s.occurred_at, true"
-	"          FROM obx.event_states s"
-	"         WHERE s.published_at IS NULL AND s.skipped_at IS NULL"
-	"           AND s.quarantined_at IS NULL"
-	"           AND s.next_attempt_at <= pg_catalog.now()) c"
-	" WHERE (c.topic, c.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
+	"        (SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"
+	"                0, u.headers, u.xid, u.occurred_at"
+	"           FROM obx._unpublished_late($3, $4, $5) u"
+	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked))"
+	"        UNION ALL"
+	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"
+	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at"
+	"           FROM obx.event_states s"
+	"          WHERE s.published_at IS NULL AND s.skipped_at IS NULL"
+	"            AND s.quarantined_at IS NULL"
+	"            AND s.next_attempt_at <= pg_catalog.now()"
+	"            AND (s.topic, s.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
+	"          ORDER BY s.seq LIMIT $2)) c"
 	" ORDER BY c.seq"
 	" LIMIT $2";
 
@@ -123,8 +137,10 @@ static const char *claim_sql =
  * the snapshot itself.
  */
 static const char *floor_sql =
-	"SELECT coalesce((SELECT u.seq FROM obx._unpublished($1, $2, $3) u"
-	"                  ORDER BY u.seq LIMIT 1), $4),"
+	"SELECT coalesce(least((SELECT u.seq FROM obx._unpublished_from($1, $3) u"
+	"                        ORDER BY u.seq LIMIT 1),"
+	"                      (SELECT pg_catalog.min(u.seq + 0) FROM obx._unpublished_late($1, $2, $3) u)),"
+	"                $4),"
 	"       pg_catalog.pg_current_snapshot()";
 
 /* The claim's row: its lease (none for a tick alone) and its tick. */
@@ -183,8 +199,8 @@ claim_prepare_plans(void)
 	claim_lock_plan = obx_prepare_kept_generic(claim_lock_sql, 2, lock_types);
 	lease_id_plan = obx_prepare_kept_generic(lease_id_sql, 0, NULL);
 	tick_plan = obx_prepare_kept_generic(tick_sql, 0, NULL);
-	claim_plan = obx_prepare_kept_custom(claim_sql, 5, claim_types);
-	floor_plan = obx_prepare_kept_custom(floor_sql, 4, floor_types);
+	claim_plan = obx_prepare_kept_generic(claim_sql, 5, claim_types);
+	floor_plan = obx_prepare_kept_generic(floor_sql, 4, floor_types);
 	lease_plan = obx_prepare_kept_generic(lease_sql, 9, lease_types);
 }
 
@@ -288,7 +304,6 @@ claim_copy_event(ObxEvent *ev, HeapTuple tup, TupleDesc desc,
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 7, &isnull)) + 1;
 	copy_headers(ev, tup, desc, 8);
 	ev->occurred_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
-	ev->held = DatumGetBool(SPI_getbinval(tup, desc, 11, &isnull));
 	ev->outcome = OBX_OUTCOME_UNSENT;
 	MemoryContextSwitchTo(step_cxt);
 
@@ -303,7 +318,8 @@ claim_copy_event(ObxEvent *ev, HeapTuple tup, TupleDesc desc,
 	xid = SPI_getbinval(tup, desc, 9, &isnull);
 	if (!wal->settled && !isnull)
 	{
-		TransactionId xmin = XidFromFullTransactionId(DatumGetFullTransactionId(xid));
+		/* The low 32 bits of the 64-bit id (obx.events.xid). */
+		TransactionId xmin = (TransactionId) (uint64) DatumGetInt64(xid);
 
 		if (xmin != wal->last_xmin)
 		{
@@ -615,10 +631,13 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	ClaimTick from;
 	ClaimTick next;
 
-	claim_prepare_plans();
 	/* Its own commit need not be durable (see make_durable). */
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
+	/* For its plans, built (and rebuilt) in this step: see above. */
+	(void) set_config_option("enable_seqscan", "off", PGC_SUSET,
+							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
+	claim_prepare_plans();
 	lease_id = claim_start();
 
 	/* The claim this one waited for may have taken everything. */

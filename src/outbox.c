@@ -64,7 +64,13 @@ static const char *record_sql =
 	"INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets, published_at)"
 	" VALUES ($5, $6, $1, $2, $3, $4)";
 
-/* Delivered events that were held (failed or replayed before): published now. */
+/*
+ * Delivered events that have a state (failed, quarantined or replayed
+ * before): published now.  For every delivered event, not only those
+ * claimed from obx.event_states: a stalled worker's late report of an
+ * event quarantined meanwhile publishes it for good (an acknowledgement
+ * always wins).  The table holds only the few events that failed.
+ */
 static const char *held_published_sql =
 	"UPDATE obx.event_states s"
 	"   SET published_at = d.t, attempts = s.attempts + 1, quarantined_at = NULL,"
@@ -194,8 +200,8 @@ lease_live(int64 lease_id)
 /*
  * Append the batch's record: the n events delivered (none for a release).
  * Each goes into latencies (allocated in the memory context keep, which
- * outlives the step), to be counted once the step has committed.  Held
- * events among them are marked published in obx.event_states.
+ * outlives the step), to be counted once the step has committed.  Those
+ * with a state in obx.event_states are marked published there.
  */
 static void
 record_delivered(ObxBatch *batch, ObxEvent **events, int n,
@@ -204,9 +210,6 @@ record_delivered(ObxBatch *batch, ObxEvent **events, int n,
 	Datum *parts = palloc(sizeof(Datum) * Max(n, 1));
 	Datum *offsets = palloc(sizeof(Datum) * Max(n, 1));
 	Datum *acked = palloc(sizeof(Datum) * Max(n, 1));
-	ObxEvent **held = palloc(sizeof(ObxEvent *) * Max(n, 1));
-	Datum *held_acked = palloc(sizeof(Datum) * Max(n, 1));
-	int nheld = 0;
 	Datum args[6];
 	int i;
 	int rc;
@@ -216,11 +219,6 @@ record_delivered(ObxBatch *batch, ObxEvent **events, int n,
 		parts[i] = Int32GetDatum(events[i]->partition);
 		offsets[i] = Int64GetDatum(events[i]->offset);
 		acked[i] = TimestampTzGetDatum(events[i]->acked_at);
-		if (events[i]->held)
-		{
-			held_acked[nheld] = acked[i];
-			held[nheld++] = events[i];
-		}
 		latencies[i].topic = MemoryContextStrdup(keep, events[i]->topic);
 		latencies[i].latency_us = events[i]->acked_at - events[i]->occurred_at;
 		elog(DEBUG2, "obx event %s published to topic %s partition %d offset " INT64_FORMAT,
@@ -238,13 +236,10 @@ record_delivered(ObxBatch *batch, ObxEvent **events, int n,
 	rc = SPI_execute_plan(record_plan, args, NULL, false, 0);
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx could not record a batch: %s", SPI_result_code_string(rc));
-	if (nheld > 0)
+	if (n > 0)
 	{
-		Datum held_args[2];
+		Datum held_args[2] = {args[0], args[3]};
 
-		held_args[0] = uuid_array(held, nheld);
-		held_args[1] = PointerGetDatum(construct_array(held_acked, nheld, TIMESTAMPTZOID, 8,
-													   FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 		rc = SPI_execute_plan(held_published_plan, held_args, NULL, false, 0);
 		if (rc != SPI_OK_UPDATE)
 			elog(ERROR, "obx could not mark held events published: %s",

@@ -74,7 +74,6 @@ typedef struct ObxEvent
 	char **header_values;
 	int attempts; /* including this one */
 	TimestampTz occurred_at;
-	bool held; /* claimed from obx.event_states: failed, or replayed, before */
 
 	struct ObxBatch *batch; /* the batch it belongs to, for its reports */
 	ObxOutcome outcome;

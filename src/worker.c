@@ -100,7 +100,9 @@ detach_consumer(int code, Datum arg)
  * synchronous_commit: steps commit durably unless they say otherwise (a
  * claim flushes itself, see obx_outbox_claim); a consumer stores a
  * message's offset only after its transaction commits, and a crash must not
- * lose an effect whose offset Kafka already has.
+ * lose an effect whose offset Kafka already has.  jit: every statement of
+ * a step is short, and a plan costed high (the claim's, see claim.c) must
+ * not be compiled on every run.
  */
 static void
 pin_settings(void)
@@ -118,6 +120,7 @@ pin_settings(void)
 		{"transform_null_equals", "off"},
 		{"standard_conforming_strings", "on"},
 		{"synchronous_commit", "on"},
+		{"jit", "off"},
 	};
 	int i;
 
@@ -430,18 +433,6 @@ SPIPlanPtr
 obx_prepare_kept_generic(const char *sql, int nargs, Oid *argtypes)
 {
 	return prepare_kept(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
-}
-
-/*
- * obx_prepare_kept_custom
- *		The same, always planned for the parameters it runs with: for a
- *		statement whose best plan depends on them (a range of an index
- *		whose bounds move).
- */
-SPIPlanPtr
-obx_prepare_kept_custom(const char *sql, int nargs, Oid *argtypes)
-{
-	return prepare_kept(sql, nargs, argtypes, CURSOR_OPT_CUSTOM_PLAN);
 }
 
 /*

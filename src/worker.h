@@ -59,8 +59,6 @@ struct _SPI_plan;
 extern MemoryContext obx_step_begin(const char *activity);
 extern void obx_step_end(MemoryContext caller);
 extern struct _SPI_plan *obx_prepare_kept(const char *sql, int nargs, Oid *argtypes);
-extern struct _SPI_plan *obx_prepare_kept_custom(const char *sql, int nargs,
-												 Oid *argtypes);
 extern struct _SPI_plan *obx_prepare_kept_generic(const char *sql, int nargs,
 												  Oid *argtypes);
 extern int obx_option_int(const char *option, int min, int max, int otherwise);
