@@ -234,18 +234,20 @@ CREATE FUNCTION obx._unpublished_late(floor bigint, snap pg_snapshot, tick bigin
 RETURNS SETOF obx.events
 LANGUAGE sql STABLE
 AS $$
+	/* seq + 0: the xid index, never the seq index below the floor (all history). */
 	SELECT e.*
 	  FROM obx.events e
-	 WHERE e.seq < _unpublished_late.floor
-	   AND e.xid >= pg_snapshot_xmax(_unpublished_late.snap)::text::bigint
+	 WHERE e.xid >= pg_snapshot_xmax(_unpublished_late.snap)::text::bigint
+	   AND e.seq + 0 < _unpublished_late.floor
 	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_late.floor,
 														  _unpublished_late.tick) p)
 	   AND e.id NOT IN (SELECT s.id FROM obx.event_states s)
 	UNION ALL
 	SELECT e.*
 	  FROM obx.events e
-	 WHERE e.seq < _unpublished_late.floor
-	   AND e.xid IN (SELECT x::text::bigint FROM pg_snapshot_xip(_unpublished_late.snap) x)
+	 WHERE e.xid = ANY (ARRAY(SELECT x::text::bigint
+								FROM pg_snapshot_xip(_unpublished_late.snap) x))
+	   AND e.seq + 0 < _unpublished_late.floor
 	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_late.floor,
 														  _unpublished_late.tick) p)
 	   AND e.id NOT IN (SELECT s.id FROM obx.event_states s)
@@ -329,7 +331,7 @@ SELECT e.*
   FROM obx.events e, t
  WHERE e.seq < t.floor
    AND (e.xid >= pg_snapshot_xmax(t.snap)::text::bigint
-		OR e.xid IN (SELECT x::text::bigint FROM pg_snapshot_xip(t.snap) x))
+		OR e.xid = ANY (ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(t.snap) x)))
    AND e.id NOT IN (SELECT id FROM published)
    AND e.id NOT IN (SELECT id FROM held);
 

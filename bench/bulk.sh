@@ -45,7 +45,7 @@ bench_bulk()
 		fi
 		eval "$kind=\$(calc \"\$$kind + $tps * 1000 / 2\" 0)"
 	done
-	[ "$(sql_value "SELECT count(*) FROM obx.outbox_events WHERE topic = 'bench.bulk'")" -gt 0 ] || {
+	[ "$(sql_value "SELECT count(*) FROM obx.events WHERE topic = 'bench.bulk'")" -gt 0 ] || {
 		echo "bench: the obx runs enqueued nothing" >&2
 		return 1
 	}

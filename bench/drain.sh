@@ -36,7 +36,7 @@ bench_drain()
 		reset_outbox
 		echo "DRAIN_STALE_STATS=1: the outbox holds ${BENCH_SEED_ROWS:-50000} published rows, analyzed before the backlog; not analyzed again before the drain"
 	else
-		sql -c "TRUNCATE obx.outbox_events, bench.plain_outbox"
+		sql -c "TRUNCATE obx.events, obx.claims, obx.records, obx.renewals, obx.event_states, bench.plain_outbox"
 	fi
 	sql -c "DROP TABLE IF EXISTS bench.update_baseline" -c "DELETE FROM bench.result" >/dev/null 2>&1
 	batch=$(sql_value "SHOW obx.batch_size")
@@ -46,18 +46,18 @@ bench_drain()
 		SELECT count(obx.enqueue('bench.drain', 'cus_' || lpad(k::text, 5, '0'), bench.make_payload(i, k)))
 		  FROM (SELECT i, floor(random() * 10000)::int AS k FROM generate_series(1, $n) i) s;
 		SELECT round(extract(epoch FROM clock_timestamp() - t0)::numeric, 2) FROM t" | tail -1)
-	avg_len=$(sql_value "SELECT round(avg(length(payload::text))) || ' bytes, ' || count(DISTINCT event_key) || ' keys' FROM obx.outbox_events WHERE published_at IS NULL")
+	avg_len=$(sql_value "SELECT round(avg(length(payload::text))) || ' bytes, ' || count(DISTINCT event_key) || ' keys' FROM obx.events WHERE topic = 'bench.drain'")
 	echo "enqueued $n events in ${enqueue_s}s (one statement); payload as sent: $avg_len"
 
 	# The same rows, for the two baselines.
-	sql -c "CREATE TABLE bench.update_baseline (LIKE obx.outbox_events INCLUDING ALL)" \
+	sql -c "CREATE TABLE bench.update_baseline (LIKE bench.plain_outbox INCLUDING ALL)" \
 		-c "CALL bench.copy_storage_parameters('bench.update_baseline')" \
-		-c "INSERT INTO bench.update_baseline SELECT * FROM obx.outbox_events WHERE published_at IS NULL ORDER BY seq" \
-		-c "\\copy (SELECT event_key, id, payload::text FROM obx.outbox_events WHERE published_at IS NULL ORDER BY seq) TO '$work/messages.tsv'"
+		-c "INSERT INTO bench.update_baseline (id, seq, aggregate_id, topic, event_key, event_type, headers, payload, occurred_at) SELECT id, seq, aggregate_id, topic, event_key, event_type, headers, payload, occurred_at FROM obx.events WHERE topic = 'bench.drain' ORDER BY seq" \
+		-c "\\copy (SELECT event_key, id, payload::text FROM obx.events WHERE topic = 'bench.drain' ORDER BY seq) TO '$work/messages.tsv'"
 	if [ "${DRAIN_STALE_STATS:-0}" = 1 ]; then
 		sql -c "VACUUM ANALYZE bench.update_baseline" -c "CHECKPOINT"
 	else
-		sql -c "VACUUM ANALYZE obx.outbox_events" -c "VACUUM ANALYZE bench.update_baseline" -c "CHECKPOINT"
+		sql -c "VACUUM ANALYZE obx.events" -c "VACUUM ANALYZE bench.update_baseline" -c "CHECKPOINT"
 	fi
 
 	# Baseline 1: batched UPDATEs, no Kafka.  From a server just started,
@@ -89,7 +89,7 @@ bench_drain()
 	statements_reset
 	local t0 t_end line
 	t_end=$(drain_poll "$n" "$timeout") || {
-		echo "bench: obx did not drain $n events within ${timeout}s; $(sql_value "SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL") still pending" >&2
+		echo "bench: obx did not drain $n events within ${timeout}s; $(sql_value "$pending_sql") still pending" >&2
 		return 1
 	}
 	# The relay workers' CPU since they started, the brokers' since the restart.
@@ -98,9 +98,9 @@ bench_drain()
 	t0=$(sql_value "SELECT extract(epoch FROM min(started_at)) FROM obx.workers")
 	local obx_s relay_s
 	obx_s=$(calc "$t_end - $t0" 3)
-	relay_s=$(sql_value "SELECT round(extract(epoch FROM max(published_at))::numeric - $t0, 3) FROM obx.outbox_events WHERE topic = 'bench.drain'")
+	relay_s=$(sql_value "SELECT round(extract(epoch FROM max(x.t))::numeric - $t0, 3) FROM obx.records r, unnest(r.published_at) AS x(t)")
 	local check
-	check=$(sql_value "SELECT count(*) FILTER (WHERE kafka_offset IS NOT NULL) || ' rows with a partition and offset, ' || count(DISTINCT (kafka_partition, kafka_offset)) || ' distinct' FROM obx.outbox_events WHERE topic = 'bench.drain'")
+	check=$(sql_value "SELECT count(*) || ' events recorded with a partition and offset, ' || count(DISTINCT (x.p, x.o)) || ' distinct places' FROM obx.records r, unnest(r.ids, r.partitions, r.offsets) AS x(id, p, o) JOIN obx.events e ON e.id = x.id WHERE e.topic = 'bench.drain'")
 
 	local obx_rate upd_rate rk_rate
 	obx_rate=$(calc "$n / $obx_s" 0)
@@ -117,7 +117,7 @@ bench_drain()
 	echo "CPU per 1,000 events drained: relay workers $drain_relay_per_k ms$([ -n "$kafka_dir" ] && echo ", brokers $drain_broker_per_k ms")"
 	local ratio
 	ratio=$(calc "$obx_rate / $upd_rate")
-	echo "target: obx drain ≥ 80% of the UPDATE baseline: $(calc "100 * $ratio" 0)% — $(verdict "$(awk "BEGIN { print ($ratio >= 0.80) }")")"
+	echo "target: obx drain ≥ 2x the UPDATE baseline (1.0's publish path, without Kafka): $(calc "$ratio")x — $(verdict "$(awk "BEGIN { print ($ratio >= 2.0) }")")"
 
 	statements_print
 	sql -c "DROP TABLE bench.update_baseline" >/dev/null
@@ -127,7 +127,7 @@ bench_drain()
 # prints the server's clock (epoch seconds) at the poll that saw it.  The
 # poll reads the relay's shared-memory counters (obx.workers, bumped after
 # each batch's marking commits), which costs the server nothing; once they
-# reach N, count(*) FILTER (WHERE published_at IS NULL) = 0 on the table
+# reach N, a count of the unpublished events (pending_sql) = 0
 # confirms it (a re-sent event would count twice; then polling goes on).
 drain_poll()
 {
@@ -146,7 +146,7 @@ drain_poll()
 		at=${line##*|}
 		if [ "$count" -ge "$n" ] 2>/dev/null; then
 			seen=$at
-			echo "SELECT count(*) FILTER (WHERE published_at IS NULL) FROM obx.outbox_events;" >&"$poll_in"
+			echo "$pending_sql;" >&"$poll_in"
 			read -r pending <&"$poll_out"
 			if [ "$pending" = 0 ]; then
 				echo "$seen"

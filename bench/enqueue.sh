@@ -2,8 +2,8 @@
 #
 # pgbench with 2 x cores clients runs transactions of one obx.enqueue
 # (pgbench/enqueue_obx.sql) and the same transaction with a plain INSERT of
-# the same row into bench.plain_outbox, a table with the outbox's columns,
-# defaults and indexes but no obx (pgbench/enqueue_plain.sql).  Each run
+# the same row into bench.plain_outbox, obx 1.0's outbox table (columns,
+# defaults, primary key, pending index) with no obx (pgbench/enqueue_plain.sql).  Each run
 # lasts ENQUEUE_SECONDS; before each, both tables are reset to the same
 # 50,000 published rows (reset_outbox in lib.sh); runs go obx, plain, plain, obx
 # so that a drift of the machine's load hits both sides alike, and each
@@ -77,7 +77,7 @@ bench_enqueue()
 				obx_sum=$(calc "$obx_sum + $lat" 4)
 				obx_tps_sum=$(calc "$obx_tps_sum + $tps" 1)
 				if [ $relay = running ]; then
-					backlog="$backlog, $(sql_value "SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL")"
+					backlog="$backlog, $(sql_value "$pending_sql")"
 					settle="$settle, $(settle_relay "${ENQUEUE_SETTLE_TIMEOUT:-60}" || true)"
 				fi
 			else

@@ -99,7 +99,7 @@ bench_latency()
 		fi
 		while kill -0 "$pgb" 2>/dev/null; do
 			sleep 1 # the backlog's sampling period
-			pending=$(sql_value "SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL AND seq > $seq0")
+			pending=$(sql_value "SELECT count(*) FROM obx._unpublished_events WHERE seq > $seq0")
 			[ "$pending" -gt "$peak" ] && peak=$pending
 		done
 		wait "$pgb" || {
@@ -127,10 +127,14 @@ bench_latency()
 		res=$(sql -tA -F' ' -P null=- -c "CREATE TEMP TABLE k (ts_ms bigint, headers text)" \
 			-c "\\copy k FROM '$work/kafka_$rate.tsv'" \
 			-c "
-			WITH ev AS (
-				SELECT e.id, e.published_at,
+			WITH pub AS (
+				SELECT x.id, min(x.t) AS published_at
+				  FROM obx.records r, unnest(r.ids, r.published_at) AS x(id, t)
+				 WHERE r.max_seq > $seq0 GROUP BY x.id),
+			ev AS (
+				SELECT e.id, pub.published_at,
 					   pg_xact_commit_timestamp((((e.payload->>'xid')::bigint % 4294967296)::text)::xid) AS committed
-				  FROM obx.outbox_events e WHERE e.topic = '$topic' AND e.seq > $seq0),
+				  FROM obx.events e LEFT JOIN pub USING (id) WHERE e.topic = '$topic' AND e.seq > $seq0),
 			kk AS (
 				SELECT substring(headers FROM 'event_id=([0-9a-f-]{36})')::uuid AS id, min(ts_ms) AS ts_ms
 				  FROM k GROUP BY 1),

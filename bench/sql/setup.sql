@@ -6,17 +6,46 @@ CREATE EXTENSION obx;
 CREATE SCHEMA bench;
 
 /*
- * The "plain INSERT" side of the enqueue benchmark: a table with the
- * outbox's columns, defaults, primary key and indexes, fed by a sequence of
- * its own (CACHE 1, like obx.event_seq), and no obx anywhere.
+ * The "plain INSERT" side of the enqueue benchmark, and the outbox a
+ * hand-written relay would poll: obx 1.0's outbox table (its columns,
+ * defaults, primary key, pending index and storage parameters), fed by a
+ * sequence of its own (CACHE 1, like obx.event_seq), and no obx anywhere.
+ * The drain benchmark's UPDATE baseline, 1.0's publish path, is a copy.
  */
 CREATE SEQUENCE bench.plain_seq CACHE 1;
-CREATE TABLE bench.plain_outbox (LIKE obx.outbox_events INCLUDING ALL);
-ALTER TABLE bench.plain_outbox ALTER COLUMN seq SET DEFAULT nextval('bench.plain_seq');
+CREATE TABLE bench.plain_outbox (
+	id					uuid		PRIMARY KEY,
+	seq					bigint		NOT NULL DEFAULT nextval('bench.plain_seq'),
+	aggregate_id		text		NOT NULL,
+	topic				text		NOT NULL,
+	event_key			text		NOT NULL,
+	event_type			text,
+	headers				jsonb,
+	payload				jsonb,
+	occurred_at			timestamptz NOT NULL DEFAULT clock_timestamp(),
+	published_at		timestamptz,
+	attempts			integer		NOT NULL DEFAULT 0,
+	failures			integer		NOT NULL DEFAULT 0,
+	next_attempt_at		timestamptz NOT NULL DEFAULT '-infinity',
+	quarantined_at		timestamptz,
+	last_error			text,
+	last_error_class	text,
+	last_error_at		timestamptz,
+	kafka_partition		integer,
+	kafka_offset		bigint
+) WITH (
+	fillfactor = 80,
+	autovacuum_vacuum_scale_factor = 0.01,
+	autovacuum_vacuum_threshold = 1000,
+	autovacuum_vacuum_insert_scale_factor = 0.01,
+	autovacuum_analyze_scale_factor = 0.02,
+	autovacuum_vacuum_cost_delay = 0
+);
+CREATE INDEX plain_outbox_pending_idx ON bench.plain_outbox (seq) WHERE published_at IS NULL;
 
 /*
  * LIKE copies no storage parameters (fillfactor, autovacuum): this copies
- * the outbox's to a table made LIKE it.
+ * bench.plain_outbox's to a table made LIKE it.
  */
 CREATE PROCEDURE bench.copy_storage_parameters(target regclass)
 LANGUAGE plpgsql AS $$
@@ -24,13 +53,12 @@ DECLARE
 	opts text;
 BEGIN
 	SELECT array_to_string(reloptions, ', ') INTO opts
-	  FROM pg_class WHERE oid = 'obx.outbox_events'::regclass;
+	  FROM pg_class WHERE oid = 'bench.plain_outbox'::regclass;
 	IF opts IS NOT NULL THEN
 		EXECUTE format('ALTER TABLE %s SET (%s)', target, opts);
 	END IF;
 END
 $$;
-CALL bench.copy_storage_parameters('bench.plain_outbox');
 
 /*
  * bench.make_payload: the drain benchmark's event payload, about 180 bytes
