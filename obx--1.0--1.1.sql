@@ -268,7 +268,8 @@ $$;
  * keeps no claim: another cluster's transaction ids mean nothing here),
  * the tick before everything: every event and every record is read.
  */
-CREATE FUNCTION obx._tick(OUT floor bigint, OUT snap pg_snapshot, OUT tick bigint)
+CREATE FUNCTION obx._tick()
+RETURNS TABLE (floor bigint, snap pg_snapshot, tick bigint)	/* a set: inlined */
 LANGUAGE sql STABLE
 AS $$
 	SELECT * FROM (
@@ -486,59 +487,75 @@ SELECT s.id, s.seq, s.aggregate_id, s.topic, s.event_key, s.event_type,
  WHERE s.skipped_at IS NULL
    AND NOT EXISTS (SELECT 1 FROM obx.events e WHERE e.id = s.id);
 
-/* Per-topic health: the numbers to alert on. */
+/*
+ * Per-topic health: the numbers to alert on.  One pass over each table,
+ * grouped by topic: the retained events (counted), the unpublished ones as
+ * of the latest tick (obx._unpublished_events), the states, the live
+ * leases and the records.
+ */
 CREATE VIEW obx.status AS
-WITH pending AS (
-	SELECT u.id, u.topic, u.occurred_at FROM obx._unpublished_events u
-	UNION ALL
-	SELECT s.id, s.topic, s.occurred_at FROM obx.event_states s
-	 WHERE s.published_at IS NULL AND s.skipped_at IS NULL AND s.quarantined_at IS NULL
-),
-leased AS (
+WITH leased AS (
 	SELECT DISTINCT x.id FROM obx._live_claims l, unnest(l.ids) AS x(id)
 ),
+ev AS (
+	SELECT e.topic, count(*) AS n FROM obx.events e GROUP BY e.topic
+),
+un AS (
+	SELECT u.topic,
+		   count(*) FILTER (WHERE l.id IS NULL) AS pending,
+		   count(*) FILTER (WHERE l.id IS NOT NULL) AS leased,
+		   count(*) AS n,
+		   min(u.occurred_at) AS oldest
+	  FROM obx._unpublished_events u LEFT JOIN leased l ON l.id = u.id
+	 GROUP BY u.topic
+),
+st AS (
+	SELECT s.topic,
+		   count(*) FILTER (WHERE s.published_at IS NULL AND s.skipped_at IS NULL
+							AND s.quarantined_at IS NULL AND l.id IS NULL) AS pending,
+		   count(*) FILTER (WHERE s.published_at IS NULL AND s.skipped_at IS NULL
+							AND s.quarantined_at IS NULL AND l.id IS NOT NULL) AS leased,
+		   count(*) FILTER (WHERE s.published_at IS NULL AND s.skipped_at IS NULL
+							AND s.quarantined_at IS NOT NULL) AS quarantined,
+		   count(*) FILTER (WHERE s.published_at IS NULL AND s.skipped_at IS NULL
+							AND s.quarantined_at IS NULL AND s.last_error IS NOT NULL) AS failing,
+		   count(*) FILTER (WHERE s.published_at IS NULL
+							AND EXISTS (SELECT 1 FROM obx.events e WHERE e.id = s.id)) AS unpublished_retained,
+		   min(s.occurred_at) FILTER (WHERE s.published_at IS NULL AND s.skipped_at IS NULL) AS oldest,
+		   (array_agg(s.last_error ORDER BY s.last_error_at DESC)
+			  FILTER (WHERE s.last_error IS NOT NULL))[1] AS last_error,
+		   max(s.last_error_at) AS last_error_at,
+		   max(s.published_at) AS last_published_at
+	  FROM obx.event_states s LEFT JOIN leased l ON l.id = s.id
+	 GROUP BY s.topic
+),
+pub AS (
+	SELECT e.topic, max(x.t) AS last_published_at
+	  FROM obx.records r, unnest(r.ids, r.published_at) AS x(id, t), obx.events e
+	 WHERE e.id = x.id
+	 GROUP BY e.topic
+),
 topics AS (
-	SELECT DISTINCT e.topic FROM obx.events e
-	UNION
-	SELECT s.topic FROM obx.event_states s
+	SELECT topic FROM ev UNION SELECT topic FROM st
 )
 SELECT t.topic,
-	   (SELECT count(*) FROM pending p WHERE p.topic = t.topic
-		   AND p.id NOT IN (SELECT id FROM leased)) AS pending,
-	   (SELECT count(*) FROM pending p WHERE p.topic = t.topic
-		   AND p.id IN (SELECT id FROM leased)) AS leased,
-	   (SELECT count(*) FROM obx.events e WHERE e.topic = t.topic)
-		 - (SELECT count(*) FROM obx._unpublished_events u WHERE u.topic = t.topic)
-		 - (SELECT count(*) FROM obx.event_states s, obx.events e
-			 WHERE e.id = s.id AND s.topic = t.topic AND s.published_at IS NULL)
-		 AS published,
-	   (SELECT count(*) FROM obx.event_states s WHERE s.topic = t.topic
-		   AND s.quarantined_at IS NOT NULL AND s.published_at IS NULL
-		   AND s.skipped_at IS NULL) AS quarantined,
-	   (SELECT count(*) FROM obx.event_states s WHERE s.topic = t.topic
-		   AND s.quarantined_at IS NULL AND s.published_at IS NULL
-		   AND s.skipped_at IS NULL AND s.last_error IS NOT NULL) AS failing,
-	   o.oldest_pending_at,
-	   greatest(coalesce(now() - o.oldest_pending_at, '0'::interval), '0'::interval)
+	   coalesce(un.pending, 0) + coalesce(st.pending, 0) AS pending,
+	   coalesce(un.leased, 0) + coalesce(st.leased, 0) AS leased,
+	   coalesce(ev.n, 0) - coalesce(un.n, 0) - coalesce(st.unpublished_retained, 0) AS published,
+	   coalesce(st.quarantined, 0) AS quarantined,
+	   coalesce(st.failing, 0) AS failing,
+	   least(un.oldest, st.oldest) AS oldest_pending_at,
+	   greatest(coalesce(now() - least(un.oldest, st.oldest), '0'::interval), '0'::interval)
 		 AS oldest_pending_age,
-	   (SELECT max(x.published_at[cardinality(x.published_at)])
-		  FROM obx.records x
-		 WHERE cardinality(x.ids) > 0
-		   AND x.recorded_at > now() - interval '1 day'
-		   AND EXISTS (SELECT 1 FROM obx.events e
-						WHERE e.id = x.ids[1] AND e.topic = t.topic)) AS last_published_at,
-	   (SELECT s.last_error FROM obx.event_states s WHERE s.topic = t.topic
-		   AND s.last_error IS NOT NULL ORDER BY s.last_error_at DESC LIMIT 1) AS last_error,
-	   (SELECT max(s.last_error_at) FROM obx.event_states s WHERE s.topic = t.topic)
-		 AS last_error_at,
+	   greatest(pub.last_published_at, st.last_published_at) AS last_published_at,
+	   st.last_error,
+	   st.last_error_at,
 	   obx._relay_problem() AS problem
   FROM topics t
-  LEFT JOIN LATERAL (
-	SELECT min(p.occurred_at) AS oldest_pending_at FROM (
-		SELECT p.occurred_at FROM pending p WHERE p.topic = t.topic
-		UNION ALL
-		SELECT s.occurred_at FROM obx.event_states s WHERE s.topic = t.topic
-		   AND s.published_at IS NULL AND s.skipped_at IS NULL) p) o ON true;
+  LEFT JOIN ev ON ev.topic = t.topic
+  LEFT JOIN un ON un.topic = t.topic
+  LEFT JOIN st ON st.topic = t.topic
+  LEFT JOIN pub ON pub.topic = t.topic;
 
 /* The live leases, with 1.0's columns: one row per batch in flight. */
 CREATE VIEW obx.leases AS
