@@ -188,7 +188,6 @@ static volatile sig_atomic_t sync_wait_interrupted = false;
 static void
 claim_prepare_plans(void)
 {
-	Oid lock_types[2] = {INT4OID, INT4OID};
 	Oid claim_types[5] = {BOOLOID, INT4OID, INT8OID, PG_SNAPSHOTOID, INT8OID};
 	Oid floor_types[4] = {INT8OID, PG_SNAPSHOTOID, INT8OID, INT8OID};
 	Oid lease_types[9] = {INT8OID, INT4OID, FLOAT8OID, PG_SNAPSHOTOID, INT8OID,
@@ -196,7 +195,6 @@ claim_prepare_plans(void)
 
 	if (claim_plan != NULL)
 		return;
-	claim_lock_plan = obx_prepare_kept_generic(claim_lock_sql, 2, lock_types);
 	lease_id_plan = obx_prepare_kept_generic(lease_id_sql, 0, NULL);
 	tick_plan = obx_prepare_kept_generic(tick_sql, 0, NULL);
 	claim_plan = obx_prepare_kept_generic(claim_sql, 5, claim_types);
@@ -405,18 +403,35 @@ release_claim(ObxBatch *batch)
 	obx_note_change();
 }
 
-/* Take the claim lock, held until the step commits, then draw the lease id. */
-static int64
-claim_start(void)
+/*
+ * obx_claim_lock
+ *		Take the claim lock, held until the current step commits: claims,
+ *		and the steps that must agree with them on whether a lease is live
+ *		(outbox.c), run one at a time.
+ */
+void
+obx_claim_lock(void)
 {
+	Oid types[2] = {INT4OID, INT4OID};
 	Datum args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
 					 Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
-	bool isnull;
 	int rc;
 
+	if (claim_lock_plan == NULL)
+		claim_lock_plan = obx_prepare_kept_generic(claim_lock_sql, 2, types);
 	rc = SPI_execute_plan(claim_lock_plan, args, NULL, false, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx could not take the claim lock: %s", SPI_result_code_string(rc));
+}
+
+/* Take the claim lock, then draw the lease id. */
+static int64
+claim_start(void)
+{
+	bool isnull;
+	int rc;
+
+	obx_claim_lock();
 	rc = SPI_execute_plan(lease_id_plan, NULL, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "obx could not draw a lease id: %s", SPI_result_code_string(rc));

@@ -50,7 +50,6 @@ static SPIPlanPtr record_plan = NULL;
 static SPIPlanPtr held_published_plan = NULL;
 static SPIPlanPtr hold_plan = NULL;
 static SPIPlanPtr failed_plan = NULL;
-static SPIPlanPtr lock_plan = NULL;
 static SPIPlanPtr live_plan = NULL;
 static SPIPlanPtr renew_plan = NULL;
 
@@ -78,9 +77,6 @@ static const char *held_published_sql =
 	"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"
 	"                  pg_catalog.unnest($2::pg_catalog.timestamptz[])) AS d(id, t)"
 	" WHERE s.id = d.id AND s.published_at IS NULL";
-
-/* The claim lock (claim.c), for as long as the step runs. */
-static const char *lock_sql = "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)";
 
 /* Whether the batch's lease is still live, under the claim lock. */
 static const char *live_sql =
@@ -160,7 +156,6 @@ record_prepare_plans(void)
 	Oid hold_types[1] = {UUIDARRAYOID};
 	Oid failed_types[7] = {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID,
 						   TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
-	Oid lock_types[2] = {INT4OID, INT4OID};
 	Oid lease_types[1] = {INT8OID};
 	Oid renew_types[2] = {INT8OID, FLOAT8OID};
 
@@ -170,7 +165,6 @@ record_prepare_plans(void)
 	held_published_plan = obx_prepare_kept(held_published_sql, 2, held_types);
 	hold_plan = obx_prepare_kept(hold_sql, 1, hold_types);
 	failed_plan = obx_prepare_kept(failed_sql, 7, failed_types);
-	lock_plan = obx_prepare_kept_generic(lock_sql, 2, lock_types);
 	live_plan = obx_prepare_kept(live_sql, 1, lease_types);
 	renew_plan = obx_prepare_kept_generic(renew_sql, 2, renew_types);
 }
@@ -183,14 +177,10 @@ record_prepare_plans(void)
 static bool
 lease_live(int64 lease_id)
 {
-	Datum lock_args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
-						  Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
 	Datum lease_arg[1] = {Int64GetDatum(lease_id)};
 	int rc;
 
-	rc = SPI_execute_plan(lock_plan, lock_args, NULL, false, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "obx could not take the claim lock: %s", SPI_result_code_string(rc));
+	obx_claim_lock();
 	rc = SPI_execute_plan(live_plan, lease_arg, NULL, false, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx could not check a lease: %s", SPI_result_code_string(rc));

@@ -104,6 +104,7 @@ typedef struct ObxBatch
 
 /* claim.c */
 extern bool obx_outbox_claim(ObxBatch *batch, int worker, bool force);
+extern void obx_claim_lock(void);
 
 /* outbox.c */
 extern int obx_outbox_record(ObxBatch *batch);

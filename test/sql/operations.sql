@@ -17,6 +17,9 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
 TRUNCATE obx.events, obx.claims, obx.records, obx.event_states, obx.processed_events;
+-- The status views' copies of the claim's sets, checked against the claim's
+-- functions at two points below.
+\set check_sets 'SELECT (SELECT count(*) FROM ( (SELECT id FROM obx._unpublished_events EXCEPT SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u) UNION ALL (SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u EXCEPT SELECT id FROM obx._unpublished_events)) d) AS unpublished_differ, (SELECT count(*) FROM obx._unpublished_events) AS unpublished, (SELECT count(*) FROM ( (SELECT lease_id FROM obx._live_claims EXCEPT SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l) UNION ALL (SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l EXCEPT SELECT lease_id FROM obx._live_claims)) d) AS leases_differ, (SELECT count(*) FROM obx._live_claims) AS live_leases;'
 
 -- A record of these events at partition p, offsets from the first.
 CREATE FUNCTION pg_temp.publish(ids uuid[], p integer, offsets bigint[])
@@ -78,21 +81,8 @@ SELECT pg_temp.publish(ARRAY['00000000-0000-4000-8000-000000000401',
                              '00000000-0000-4000-8000-000000000403']::uuid[], 1, ARRAY[10, 11, 12]);
 
 -- The status views' copies of the claim's sets (obx._unpublished_events,
--- obx._live_claims) give what the claim's functions give.
-SELECT (SELECT count(*) FROM (
-			(SELECT id FROM obx._unpublished_events
-			 EXCEPT SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u)
-			UNION ALL
-			(SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u
-			 EXCEPT SELECT id FROM obx._unpublished_events)) d) AS unpublished_differ,
-	   (SELECT count(*) FROM obx._unpublished_events) AS unpublished,
-	   (SELECT count(*) FROM (
-			(SELECT lease_id FROM obx._live_claims
-			 EXCEPT SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l)
-			UNION ALL
-			(SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l
-			 EXCEPT SELECT lease_id FROM obx._live_claims)) d) AS leases_differ,
-	   (SELECT count(*) FROM obx._live_claims) AS live_leases;
+-- obx._live_claims) give what the claim's functions give (here and below).
+:check_sets
 
 --
 -- obx.status: one row per topic.
@@ -229,22 +219,7 @@ SELECT id, event_key, last_error_class, skip_reason, skipped_by = session_user A
 SELECT id, event_key FROM obx.outbox_events WHERE topic = 'orders.skip.v1';
 SELECT count(*) AS quarantined_left FROM obx.quarantine WHERE topic = 'orders.skip.v1';
 
--- The status views' copies of the claim's sets (obx._unpublished_events,
--- obx._live_claims) give what the claim's functions give.
-SELECT (SELECT count(*) FROM (
-			(SELECT id FROM obx._unpublished_events
-			 EXCEPT SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u)
-			UNION ALL
-			(SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u
-			 EXCEPT SELECT id FROM obx._unpublished_events)) d) AS unpublished_differ,
-	   (SELECT count(*) FROM obx._unpublished_events) AS unpublished,
-	   (SELECT count(*) FROM (
-			(SELECT lease_id FROM obx._live_claims
-			 EXCEPT SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l)
-			UNION ALL
-			(SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l
-			 EXCEPT SELECT lease_id FROM obx._live_claims)) d) AS leases_differ,
-	   (SELECT count(*) FROM obx._live_claims) AS live_leases;
+:check_sets
 
 --
 -- obx.workers: one row per configured relay worker; none here.
