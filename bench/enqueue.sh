@@ -119,12 +119,14 @@ $label | $obx_ms | $(calc "$obx_tps_sum / 2" 0) | $plain_ms | $(calc "$plain_tps
 		echo "${rows#?}"
 	} | table
 	echo "$floor_lines"
-	local c extra
+	# Issue 27 set the relay-running target to 1.10x; the others are 1.15x.
+	local c extra bound
 	for c in paused paused_async running; do
 		eval "ratio=\$ratio_$c"
 		extra=""
-		[ $c = running ] && extra=" (the least relay's floor in this run: ${least_ratio}x)"
-		echo "target: obx ≤ 1.15x the plain INSERT's time per transaction, ${c/_async/ with synchronous_commit = off}: ${ratio}x — $(verdict "$(awk "BEGIN { print ($ratio <= 1.15) }")")$extra"
+		bound=1.15
+		[ $c = running ] && extra=" (the least relay's floor in this run: ${least_ratio}x)" && bound=1.10
+		echo "target: obx ≤ ${bound}x the plain INSERT's time per transaction, ${c/_async/ with synchronous_commit = off}: ${ratio}x — $(verdict "$(awk "BEGIN { print ($ratio <= $bound) }")")$extra"
 	done
 }
 

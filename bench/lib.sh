@@ -259,7 +259,20 @@ settle_relay()
 # the runs comparable and realistic.
 reset_outbox()
 {
-	local n=${1:-${BENCH_SEED_ROWS:-50000}} spread=${2:-3600}
+	local n=${1:-${BENCH_SEED_ROWS:-50000}} spread=${2:-3600} try
+	# A running relay's claim locks the outbox's partitions one by one, and
+	# the TRUNCATE takes them in its own order: a deadlock the server
+	# resolves by cancelling one side.  If it is this side, again.
+	for try in 1 2 3 4 5; do
+		reset_outbox_once "$n" "$spread" && return 0
+		echo "bench: reset_outbox: attempt $try failed; again" >&2
+	done
+	return 1
+}
+
+reset_outbox_once()
+{
+	local n=$1 spread=$2
 	sql >/dev/null <<EOF
 BEGIN;
 TRUNCATE obx.events, obx.claims, obx.records, obx.renewals, obx.event_states, bench.plain_outbox;
