@@ -16,10 +16,8 @@
 # installed into them, as test/run-all does; OBX_PG_ROOT says where.
 # Without OBX_PG_ROOT the test is skipped; with it, a missing major fails.
 #
-# The old cluster is 14 (OBX_UPGRADE_FROM), not Debian's 15: Debian's 15.20
-# stores an attribute option (pg_attver) on every column that the newer
-# majors' pg_dump on this machine (17.11, 18.6, released before it) does
-# not know, so pg_upgrade from it fails for any database, obx or not.
+# The old cluster is 14 (OBX_UPGRADE_FROM), not Debian's 15: why is in
+# docs/operations.md, "Upgrading PostgreSQL (pg_upgrade)", step 1.
 use strict;
 use warnings;
 
