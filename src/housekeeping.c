@@ -2,15 +2,17 @@
  *
  * housekeeping.c
  *	  The purges both kinds of worker run: the outbox's rotation, which
- *	  truncates generations of published events older than obx.retention, dedupe rows of obx.processed_events older than
- *	  obx.processed_retention, and dead letters older than
+ *	  truncates generations of published events older than obx.retention
+ *	  (obx._rotate, obx--1.0--1.1.sql), dedupe rows of obx.processed_events
+ *	  older than obx.processed_retention, and dead letters older than
  *	  obx.dead_letter_retention.
  *
  * Worker 0 of the relay, or of the consumer in a database no relay
  * serves, calls obx_outbox_purge every OBX_PURGE_INTERVAL_MS, and again at
- * once while a call still finds rows.  Each call is one short transaction
- * that deletes at most OBX_PURGE_BATCH rows of each table, so a large
- * backlog of old rows goes in many small steps.
+ * once while a call still did something.  Each call is one short
+ * transaction: one step of the rotation, and at most OBX_PURGE_BATCH rows
+ * of each other table, so a large backlog of old rows goes in many small
+ * steps.
  *
  *-------------------------------------------------------------------------
  */
@@ -112,9 +114,10 @@ rotate_outbox(void)
 
 /*
  * obx_outbox_purge
- *		Take one step of the outbox's rotation (obx._rotate), delete as many dedupe rows older than
- *		obx.processed_retention, and as many dead letters older than
- *		obx.dead_letter_retention; returns how many rows went.
+ *		Take one step of the outbox's rotation (obx._rotate), delete up to
+ *		OBX_PURGE_BATCH dedupe rows older than obx.processed_retention and
+ *		as many dead letters older than obx.dead_letter_retention; returns
+ *		how many rows went (a rotation step counts one).
  */
 int64
 obx_outbox_purge(void)
