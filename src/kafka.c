@@ -84,6 +84,25 @@ dr_callback(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		/* We gave up on it; it may or may not have reached the broker. */
 		ev->outcome = OBX_OUTCOME_UNSENT;
 	}
+	else if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR && msg->offset < 0)
+	{
+		/*
+		 * "Delivered" with no offset: no broker said where it wrote the
+		 * message.  librdkafka reports this when it infers that a retried
+		 * request was persisted because the broker refused its sequence
+		 * number after accepting a later one; that inference is wrong when
+		 * the broker accepted the later request first because the earlier
+		 * one reached it before it knew the partition (a new topic,
+		 * KAFKA-15591), and the message was never written.  Send it
+		 * again: at worst a duplicate with the same event id.
+		 */
+		ev->outcome = OBX_OUTCOME_UNSENT;
+		ereport(WARNING,
+				(errmsg("obx: Kafka reported event %s as delivered to %s [%d] without an offset; it is sent again",
+						ev->id_text, ev->topic, msg->partition),
+				 errdetail("The broker may not hold it: it refused the request's sequence number after accepting a later one. "
+						   "If it does hold it, consumers see a duplicate with the same event_id, after the key's later events.")));
+	}
 	else if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		ev->outcome = OBX_OUTCOME_DELIVERED;

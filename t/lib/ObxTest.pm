@@ -179,14 +179,17 @@ sub new_obx_node
 }
 
 # relay_ready($node, $n): wait until $n relay workers run and are idle;
-# dies if they do not get there.
+# dies if they do not get there, saying where each worker was.
 sub relay_ready
 {
 	my ($node, $n) = @_;
-	$node->poll_query_until('postgres',
-		"SELECT count(*) = $n FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'")
-	  or die "$n relay workers did not start on node " . $node->name;
-	return;
+	return if $node->poll_query_until('postgres',
+		"SELECT count(*) = $n FROM obx.workers WHERE pid IS NOT NULL AND state = 'idle'");
+	my ($ret, $where) = $node->psql('postgres', q{
+		SELECT w.worker, w.pid, w.state, w.last_error, a.wait_event_type, a.wait_event,
+			   a.query, a.backend_xmin
+		  FROM obx.workers w LEFT JOIN pg_stat_activity a ON a.pid = w.pid});
+	die "$n relay workers did not start on node " . $node->name . ":\n$where";
 }
 
 # enqueue_with_rollbacks($node, $topic, $n): for each of $n keys, one
