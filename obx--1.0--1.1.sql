@@ -181,7 +181,6 @@ DROP VIEW obx.status;
 DROP VIEW obx.leased_events;
 DROP VIEW obx.quarantine;
 DROP VIEW obx.publish_latency_summary;
-DROP FUNCTION obx.replay(text, timestamptz, timestamptz);
 ALTER EXTENSION obx DROP TABLE obx.outbox_events;
 ALTER EXTENSION obx DROP TABLE obx.leases;
 DROP TABLE obx.leases;
@@ -452,7 +451,8 @@ $$;
  * stale worker's late report of a second copy does not move them);
  * errors and attempts from obx.event_states.  Skipped events are in obx.skipped_events instead.
  * Reading where one event landed is an index lookup; reading them all
- * joins every record.
+ * joins every record.  1.0's obx.replay(topic, since, until) reads it as
+ * it read the table, unchanged.
  */
 CREATE VIEW obx.outbox_events AS
 SELECT e.id, e.seq, e.aggregate_id, e.topic, e.event_key, e.event_type,
@@ -731,20 +731,6 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION obx.replay(topic text, since timestamptz,
-						   until timestamptz DEFAULT 'infinity')
-RETURNS bigint
-LANGUAGE sql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT obx.replay(coalesce(array_agg(e.id), '{}'))
-	  FROM obx.outbox_events e
-	 WHERE e.topic = replay.topic
-	   AND e.published_at IS NOT NULL
-	   AND e.occurred_at >= replay.since
-	   AND e.occurred_at < replay.until;
-$$;
-
 /* ---------------------------------------------------------------------
  * Privileges, comments, pg_dump
  * --------------------------------------------------------------------- */
@@ -757,8 +743,7 @@ REVOKE ALL ON FUNCTION obx._published_ids(bigint, bigint),
 	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
 	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),
 	obx._live_leases(bigint, bigint),
-	obx._rotate(float8), obx._hold(uuid[]),
-	obx.replay(text, timestamptz, timestamptz) FROM PUBLIC;
+	obx._rotate(float8), obx._hold(uuid[]) FROM PUBLIC;
 
 COMMENT ON TABLE obx.events IS
 	'Every event enqueued, inserted once and never updated; old generations are truncated after obx.retention';
@@ -784,8 +769,6 @@ COMMENT ON VIEW obx.quarantine IS
 	'Events the relay gave up on, with their errors; obx.retry(id) sends one again';
 COMMENT ON VIEW obx.publish_latency_summary IS
 	'Per topic, median and 99th percentile of enqueue to Kafka acknowledgement, in seconds, over the events published in the last minute';
-COMMENT ON FUNCTION obx.replay(text, timestamptz, timestamptz) IS
-	'Publish again the events of a topic that occurred in [since, until); returns how many';
 
 SELECT pg_catalog.pg_extension_config_dump('obx.events_0', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.events_1', '');

@@ -178,6 +178,7 @@ tasks.max=1
 database.hostname=127.0.0.1
 database.port=$port
 database.user=postgres
+database.password=
 database.dbname=bench
 topic.prefix=bench
 plugin.name=pgoutput
