@@ -24,18 +24,8 @@ obx_install_deps()
 obx_install_kafka()
 {
 	obx_install_packages $OBX_KAFKA_PACKAGES
-	[ -f "$OBX_KAFKA_LIBS/.complete" ] && return 0
-	echo "fetching Apache Kafka $OBX_KAFKA_VERSION from Maven Central into $OBX_KAFKA_LIBS"
-	mkdir -p "$OBX_KAFKA_LIBS"
-	mvn -q -B -f "$(dirname "${BASH_SOURCE[0]}")/../tools/kafka/pom.xml" \
-		-Dkafka.version="$OBX_KAFKA_VERSION" dependency:copy-dependencies \
-		-DoutputDirectory="$OBX_KAFKA_LIBS" >"$OBX_KAFKA_LIBS.log" 2>&1 || {
-		cat "$OBX_KAFKA_LIBS.log" >&2
-		echo "could not fetch Apache Kafka $OBX_KAFKA_VERSION from Maven Central" >&2
-		return 1
-	}
-	chmod -R a+rX "$OBX_KAFKA_LIBS"
-	touch "$OBX_KAFKA_LIBS/.complete"
+	obx_fetch_jars kafka "$OBX_KAFKA_LIBS" "Apache Kafka $OBX_KAFKA_VERSION" \
+		-Dkafka.version="$OBX_KAFKA_VERSION"
 }
 
 # Debezium's PostgreSQL connector in Kafka Connect, for bench/run debezium
@@ -46,18 +36,27 @@ export OBX_DEBEZIUM_LIBS="${OBX_DEBEZIUM_LIBS:-/var/cache/obx/debezium-$OBX_DEBE
 obx_install_debezium()
 {
 	obx_install_packages $OBX_KAFKA_PACKAGES
-	[ -f "$OBX_DEBEZIUM_LIBS/.complete" ] && return 0
-	echo "fetching Debezium $OBX_DEBEZIUM_VERSION and Kafka Connect from Maven Central into $OBX_DEBEZIUM_LIBS"
-	mkdir -p "$OBX_DEBEZIUM_LIBS"
-	mvn -q -B -f "$(dirname "${BASH_SOURCE[0]}")/../tools/debezium/pom.xml" \
-		-Ddebezium.version="$OBX_DEBEZIUM_VERSION" dependency:copy-dependencies \
-		-DoutputDirectory="$OBX_DEBEZIUM_LIBS" >"$OBX_DEBEZIUM_LIBS.log" 2>&1 || {
-		cat "$OBX_DEBEZIUM_LIBS.log" >&2
-		echo "could not fetch Debezium $OBX_DEBEZIUM_VERSION from Maven Central" >&2
+	obx_fetch_jars debezium "$OBX_DEBEZIUM_LIBS" "Debezium $OBX_DEBEZIUM_VERSION and Kafka Connect" \
+		-Ddebezium.version="$OBX_DEBEZIUM_VERSION"
+}
+
+# obx_fetch_jars NAME DIR WHAT MAVEN_ARG...: the jars tools/NAME/pom.xml
+# names, with their dependencies, from Maven Central into DIR, once.
+obx_fetch_jars()
+{
+	local name=$1 dir=$2 what=$3
+	shift 3
+	[ -f "$dir/.complete" ] && return 0
+	echo "fetching $what from Maven Central into $dir"
+	mkdir -p "$dir"
+	mvn -q -B -f "$(dirname "${BASH_SOURCE[0]}")/../tools/$name/pom.xml" "$@" \
+		dependency:copy-dependencies -DoutputDirectory="$dir" >"$dir.log" 2>&1 || {
+		cat "$dir.log" >&2
+		echo "could not fetch $what from Maven Central" >&2
 		return 1
 	}
-	chmod -R a+rX "$OBX_DEBEZIUM_LIBS"
-	touch "$OBX_DEBEZIUM_LIBS/.complete"
+	chmod -R a+rX "$dir"
+	touch "$dir/.complete"
 }
 
 # The PostgreSQL majors Debian 12 lacks, for the build and tests on every
