@@ -196,14 +196,24 @@ DROP TABLE obx.outbox_events;
  * The records that can name an event _unpublished considers, as of the
  * tick (floor, tick): those of batches that held an event at or above the
  * floor, and those of every claim after the tick.
+ *
+ * PL/pgSQL, not an inlined SQL function, for the claim's sake: the claim
+ * and the floor use this set six times between them, and inlined, each
+ * use put a scan of every partition of obx.records into their plans, all
+ * started (ExecutorStart) on every claim whether it ran or not.  At a
+ * steady rate that start-up was a quarter of the relay's CPU
+ * (docs/benchmarks.md).  Called, it starts only where it runs.
  */
 CREATE FUNCTION obx._published_ids(floor bigint, tick bigint)
 RETURNS SETOF uuid
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
+BEGIN
+	RETURN QUERY
 	SELECT u.id
-	  FROM obx.records r, unnest(r.ids) AS u(id)
-	 WHERE r.max_seq >= _published_ids.floor OR r.lease_id > _published_ids.tick
+	  FROM obx.records r, pg_catalog.unnest(r.ids) AS u(id)
+	 WHERE r.max_seq >= _published_ids.floor OR r.lease_id > _published_ids.tick;
+END
 $$;
 
 /*
