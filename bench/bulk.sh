@@ -22,7 +22,8 @@ bench_bulk()
 {
 	local secs=${BULK_SECONDS:-5}
 	local clients=${BULK_CLIENTS:-$(nproc)}
-	local threads=$((clients < $(nproc) ? clients : $(nproc)))
+	local threads
+	threads=$(pgbench_threads "$clients")
 
 	echo
 	echo "== 5. bulk enqueue: transactions of 1,000 events, relay paused, $clients clients, ${secs}s per run (load average $(machine_load))"

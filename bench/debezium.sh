@@ -281,7 +281,7 @@ append_span()
 full_speed()
 {
 	local out
-	out=$(run_pgbench -c "$2" -j "$(($2 < $(nproc) ? $2 : $(nproc)))" -T "$3" -M prepared -f "$1" 2>&1) || {
+	out=$(run_pgbench -c "$2" -j "$(pgbench_threads "$2")" -T "$3" -M prepared -f "$1" 2>&1) || {
 		echo "$out" >&2
 		return 1
 	}
@@ -320,10 +320,10 @@ dbz_latency()
 	local poll=$1 rate=$2 secs=$3 clients=$4 route="p$1.r$2" n0 total
 	sed "s/ROUTE/$route/" "$here/pgbench/insert_debezium.sql" >"$work/dbz_$route.sql"
 	chmod 644 "$work/dbz_$route.sql"
-	run_pgbench -c "$clients" -j "$(($clients < $(nproc) ? $clients : $(nproc)))" -R "$rate" -T 3 -M prepared \
+	run_pgbench -c "$clients" -j "$(pgbench_threads "$clients")" -R "$rate" -T 3 -M prepared \
 		-f "$work/dbz_$route.sql" >/dev/null 2>&1 || true
 	n0=$(sql_value "SELECT coalesce(max(n), 0) FROM bench.dbz_outbox")
-	run_pgbench -c "$clients" -j "$(($clients < $(nproc) ? $clients : $(nproc)))" -R "$rate" -T "$secs" -M prepared \
+	run_pgbench -c "$clients" -j "$(pgbench_threads "$clients")" -R "$rate" -T "$secs" -M prepared \
 		-f "$work/dbz_$route.sql" >"$work/dbz_$route.log" 2>&1 || {
 		cat "$work/dbz_$route.log" >&2
 		return 1
@@ -342,11 +342,11 @@ obx_latency()
 	local rate=$1 secs=$2 clients=$3 topic=bench.vs.obx.r$1 seq0
 	sed "s/TOPIC/$topic/" "$here/pgbench/latency.sql" >"$work/vs_obx_$rate.sql"
 	chmod 644 "$work/vs_obx_$rate.sql"
-	run_pgbench -c "$clients" -j "$(($clients < $(nproc) ? $clients : $(nproc)))" -R "$rate" -T 3 -M prepared \
+	run_pgbench -c "$clients" -j "$(pgbench_threads "$clients")" -R "$rate" -T 3 -M prepared \
 		-f "$work/vs_obx_$rate.sql" >/dev/null 2>&1 || true
 	settle_relay 120 >/dev/null || true
 	seq0=$(sql_value "$last_seq_sql")
-	run_pgbench -c "$clients" -j "$(($clients < $(nproc) ? $clients : $(nproc)))" -R "$rate" -T "$secs" -M prepared \
+	run_pgbench -c "$clients" -j "$(pgbench_threads "$clients")" -R "$rate" -T "$secs" -M prepared \
 		-f "$work/vs_obx_$rate.sql" >"$work/vs_obx_$rate.log" 2>&1 || {
 		cat "$work/vs_obx_$rate.log" >&2
 		return 1

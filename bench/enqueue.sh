@@ -35,10 +35,9 @@
 bench_enqueue()
 {
 	local secs=${ENQUEUE_SECONDS:-10}
-	local cores clients threads
-	cores=$(nproc)
-	clients=${ENQUEUE_CLIENTS:-$((2 * cores))}
-	threads=$((clients < cores ? clients : cores))
+	local clients threads
+	clients=${ENQUEUE_CLIENTS:-$((2 * $(nproc)))}
+	threads=$(pgbench_threads "$clients")
 
 	echo
 	echo "== 2. enqueue cost: pgbench, $clients clients, ${secs}s per run, one event per transaction (load average $(machine_load))"

@@ -20,9 +20,8 @@ bench_horizon()
 {
 	local secs=${HORIZON_SECONDS:-30} i
 	local rate=${HORIZON_RATE:-2000}
-	local clients=${LATENCY_CLIENTS:-16} cores threads
-	cores=$(nproc)
-	threads=$((clients < cores ? clients : cores))
+	local clients=${LATENCY_CLIENTS:-16} threads
+	threads=$(pgbench_threads "$clients")
 
 	echo
 	echo "== 5. a held-back horizon: $rate events/s for ${secs}s, without and with a snapshot held (load average $(machine_load))"

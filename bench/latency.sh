@@ -51,10 +51,9 @@ bench_latency()
 	local secs=${LATENCY_SECONDS:-20}
 	local rates=${LATENCY_RATES:-500 2000}
 	[ -n "$kafka_dir" ] && rates=${LATENCY_RATES:-500 2000 5000}
-	local cores clients threads
-	cores=$(nproc)
+	local clients threads
 	clients=${LATENCY_CLIENTS:-16}
-	threads=$((clients < cores ? clients : cores))
+	threads=$(pgbench_threads "$clients")
 
 	echo
 	echo "== 3. end-to-end latency: one event per transaction at a steady rate, ${secs}s per rate (load average $(machine_load))"

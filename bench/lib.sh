@@ -205,6 +205,15 @@ sql_value()
 	sql -tA -c "$1"
 }
 
+# pgbench_threads CLIENTS: pgbench's -j for that many clients, one thread
+# per core at most.
+pgbench_threads()
+{
+	local cores
+	cores=$(nproc)
+	echo $(($1 < cores ? $1 : cores))
+}
+
 run_pgbench()
 {
 	obx_as_postgres pgbench -n -h "$work" -p "$port" -U postgres "$@" bench

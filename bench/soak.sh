@@ -29,10 +29,9 @@ bench_soak()
 	local rate=${SOAK_RATE:-2000}
 	local retention=${SOAK_RETENTION:-1min}
 	local every=${SOAK_SAMPLE_SECONDS:-20}
-	local cores clients threads
-	cores=$(nproc)
+	local clients threads
 	clients=${SOAK_CLIENTS:-16}
-	threads=$((clients < cores ? clients : cores))
+	threads=$(pgbench_threads "$clients")
 	local per_client=$(((n + clients - 1) / clients))
 	local total=$((per_client * clients))
 
