@@ -755,6 +755,64 @@ REVOKE ALL ON FUNCTION obx._published_ids(bigint, bigint),
 	obx._live_leases(bigint, bigint),
 	obx._rotate(float8), obx._hold(uuid[]) FROM PUBLIC;
 
+/*
+ * The workers' role.  The relay and consumer workers run every statement
+ * as obx.worker_role, never as a superuser: obx_worker, or a role granted
+ * it.  It holds exactly what their statements need, and cannot log in.
+ * Roles belong to the cluster: the first CREATE EXTENSION creates it, the
+ * next ones (other databases) grant it their database's objects.  A role
+ * of that name made by someone else first would be used as it is: see
+ * docs/security.md, "The workers".
+ */
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'obx_worker') THEN
+		CREATE ROLE obx_worker NOLOGIN;
+	END IF;
+END
+$$;
+
+/*
+ * Statements the workers cannot be granted piecemeal run as the
+ * extension's owner: the rotation (locks, TRUNCATE and sequences of every
+ * generation), the ANALYZE of the outbox (only its owner may) and the
+ * look-up of a handler by name (in its owner's schemas).
+ */
+ALTER FUNCTION obx._rotate(float8) SECURITY DEFINER;
+/* A handler's name is looked up in its owner's schemas. */
+ALTER FUNCTION obx._handler(obx.subscriptions) SECURITY DEFINER;
+
+CREATE FUNCTION obx._analyze_events()
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	ANALYZE obx.events;
+END
+$$;
+REVOKE ALL ON FUNCTION obx._analyze_events() FROM PUBLIC;
+
+GRANT USAGE ON SCHEMA obx TO obx_worker;
+/* The relay: claim, record, renew, release, hold, rotate, analyze. */
+GRANT SELECT, INSERT ON obx.claims, obx.records, obx.renewals TO obx_worker;
+GRANT SELECT ON obx.events TO obx_worker;
+GRANT SELECT, INSERT, UPDATE ON obx.event_states TO obx_worker;
+GRANT USAGE ON SEQUENCE obx.lease_seq TO obx_worker;
+GRANT EXECUTE ON FUNCTION obx._published_ids(bigint, bigint),
+	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
+	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),
+	obx._live_leases(bigint, bigint), obx._hold(uuid[]), obx._rotate(float8),
+	obx._analyze_events() TO obx_worker;
+/* The consumer: subscriptions, marks, offsets, dead letters, their purge. */
+GRANT SELECT ON obx.subscriptions TO obx_worker;
+GRANT SELECT, INSERT, DELETE ON obx.processed_events TO obx_worker;
+GRANT SELECT, INSERT, UPDATE, DELETE ON obx.consumer_partitions,
+	obx.consumer_kafka_errors TO obx_worker;
+GRANT SELECT, INSERT, DELETE ON obx.dead_letters TO obx_worker;
+GRANT USAGE ON SEQUENCE obx.dead_letters_id_seq TO obx_worker;
+GRANT EXECUTE ON FUNCTION obx._handler(obx.subscriptions) TO obx_worker;
+
 COMMENT ON TABLE obx.events IS
 	'Every event enqueued, inserted once and never updated; old generations are truncated after obx.retention';
 COMMENT ON COLUMN obx.events.seq IS

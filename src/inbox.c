@@ -76,9 +76,9 @@ static struct
 } batch;
 
 /*
- * What obx.mark_processed does for a superuser, without its two function
- * calls: the worker acts for the subscription, whose owner obx.subscribe
- * checked.  ON CONFLICT DO NOTHING waits for a concurrent insert of the
+ * What obx.mark_processed does, without its two function calls and its
+ * owner check: the worker (obx.worker_role, granted INSERT here) acts for
+ * the subscription, whose owner obx.subscribe checked.  ON CONFLICT DO NOTHING waits for a concurrent insert of the
  * same pair; a row inserted means the event is new.
  */
 static const char *mark_sql =

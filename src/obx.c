@@ -57,6 +57,7 @@ bool obx_quarantine_blocks_key = true;
 int obx_shutdown_timeout_ms = 5000;
 int obx_consumer_workers = 2;
 char *obx_consumer_database = NULL;
+char *obx_worker_role = NULL;
 bool obx_warn_without_relay = true;
 
 char *obx_traceparent = NULL;
@@ -196,6 +197,16 @@ define_worker_gucs(void)
 								   "Used when obx.consumer_databases is empty; empty means the relay's databases.",
 								   &obx_consumer_database,
 								   "",
+								   PGC_POSTMASTER, 0,
+								   NULL, NULL, NULL);
+
+		DefineCustomStringVariable("obx.worker_role",
+								   "Role whose rights the relay and consumer workers' statements run with.",
+								   "Not a superuser: CREATE EXTENSION obx creates obx_worker "
+								   "and grants it what the workers need; another role needs "
+								   "GRANT obx_worker TO it.",
+								   &obx_worker_role,
+								   "obx_worker",
 								   PGC_POSTMASTER, 0,
 								   NULL, NULL, NULL);
 

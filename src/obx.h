@@ -59,6 +59,9 @@
 /* The schema version (obx.control's default_version) this library serves. */
 #define OBX_SCHEMA_VERSION "1.1"
 
+/* The role CREATE EXTENSION grants what the workers' statements need. */
+#define OBX_WORKER_GRANTS_ROLE "obx_worker"
+
 /* How often worker 0 (relay, or consumer in a database without one) purges. */
 #define OBX_PURGE_INTERVAL_MS 10000
 
@@ -87,6 +90,7 @@ extern bool obx_quarantine_blocks_key;
 extern int obx_shutdown_timeout_ms;
 extern int obx_consumer_workers;
 extern char *obx_consumer_database;
+extern char *obx_worker_role;
 extern bool obx_warn_without_relay;
 extern int obx_consumer_batch_size;
 extern int obx_consumer_batch_time_ms;
@@ -107,6 +111,7 @@ typedef enum ObxWorkerState
 	OBX_STATE_BROKER_DOWN,
 	OBX_STATE_STANDBY,
 	OBX_STATE_WAITING_FOR_EXTENSION,
+	OBX_STATE_WAITING_FOR_ROLE,
 	OBX_STATE_STOPPING
 } ObxWorkerState;
 

@@ -511,8 +511,8 @@ obx_outbox_analyze(void)
 									   SPI_tuptable->tupdesc, 1, &isnull));
 	if (stale)
 	{
-		rc = SPI_execute("ANALYZE obx.events", false, 0);
-		if (rc != SPI_OK_UTILITY)
+		rc = SPI_execute("SELECT obx._analyze_events()", false, 0);
+		if (rc != SPI_OK_SELECT)
 			elog(ERROR, "obx could not analyze the outbox: %s", SPI_result_code_string(rc));
 	}
 	obx_step_end(caller);

@@ -465,9 +465,9 @@ idle_wait(void)
 }
 
 /*
- * Whether obx is installed; the first time it is, release the leases this
- * worker's previous run held, so those events are re-sent at once.  While
- * it is not, wait a poll interval.
+ * Whether obx is installed and the worker runs as obx.worker_role; the
+ * first time, release the leases this worker's previous run held, so those
+ * events are re-sent at once.  Until then, wait a poll interval.
  */
 static bool
 relay_ready(void)
@@ -478,7 +478,13 @@ relay_ready(void)
 		return true;
 	if (!obx_worker_extension_ready(&relay.w))
 	{
-		set_state(OBX_STATE_WAITING_FOR_EXTENSION);
+		if (relay.w.role_problem != NULL)
+		{
+			set_state(OBX_STATE_WAITING_FOR_ROLE);
+			obx_status_error(relay.w.number, relay.w.role_problem);
+		}
+		else
+			set_state(OBX_STATE_WAITING_FOR_EXTENSION);
 		wait_for_work(obx_poll_interval_ms);
 		return false;
 	}

@@ -62,6 +62,8 @@ state_name(const ObxWorkerSlot *slot)
 			return "standby";
 		case OBX_STATE_WAITING_FOR_EXTENSION:
 			return "waiting for extension";
+		case OBX_STATE_WAITING_FOR_ROLE:
+			return "waiting for role";
 		case OBX_STATE_STOPPING:
 			return "stopping";
 	}
@@ -81,7 +83,7 @@ obx_status_set_state(int worker, ObxWorkerState state)
 /*
  * obx_status_error
  *		Record an error that is not about a batch (the producer could not be
- *		built).
+ *		built, obx.worker_role cannot be taken).
  */
 void
 obx_status_error(int worker, const char *error)

@@ -12,7 +12,8 @@
  *
  * Every database step is a short transaction of its own (obx_step_begin,
  * obx_step_end), with statements prepared once and kept for the life of
- * the process (obx_prepare_kept), under settings pinned at start-up.
+ * the process (obx_prepare_kept), under settings pinned at start-up, as
+ * obx.worker_role once obx is installed (take_worker_role).
  *
  *-------------------------------------------------------------------------
  */
@@ -27,6 +28,7 @@
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
@@ -290,10 +292,79 @@ extension_version(void)
 }
 
 /*
+ * What keeps obx.worker_role from being the workers' role (palloc'd in the
+ * caller's context), or NULL when it can be; its OID into *role.  It must
+ * exist, must not be a superuser, and must have obx_worker's privileges
+ * (be it, or a member of it).
+ */
+static char *
+role_problem(Oid *role)
+{
+	MemoryContext caller = obx_step_begin("obx: looking up obx.worker_role");
+	Oid granted = get_role_oid(OBX_WORKER_GRANTS_ROLE, true);
+	char *problem = NULL;
+
+	*role = get_role_oid(obx_worker_role, true);
+	if (!OidIsValid(*role))
+		problem = psprintf("role \"%s\" (obx.worker_role) does not exist", obx_worker_role);
+	else if (superuser_arg(*role))
+		problem = psprintf("role \"%s\" (obx.worker_role) is a superuser", obx_worker_role);
+	else if (!OidIsValid(granted) || !has_privs_of_role(*role, granted))
+		problem = psprintf("role \"%s\" (obx.worker_role) does not have the privileges of role \"%s\"",
+						   obx_worker_role, OBX_WORKER_GRANTS_ROLE);
+	if (problem != NULL)
+		problem = MemoryContextStrdup(caller, problem);
+	obx_step_end(caller);
+	return problem;
+}
+
+/*
+ * Take on obx.worker_role for every statement from now on, and for good:
+ * the current user, not the session user (the worker connected as the
+ * bootstrap superuser), in a local user-id change, which forbids SET ROLE
+ * and SET SESSION AUTHORIZATION, so no statement can return to the
+ * superuser.  Outside any transaction: each transaction starts as this
+ * user and an aborted one returns to it.  Returns false, with the reason
+ * logged once and in w->role_problem, when the role cannot be taken.
+ */
+static bool
+take_worker_role(ObxWorker *w)
+{
+	Oid role;
+	char *problem = role_problem(&role);
+
+	if (problem != NULL)
+	{
+		if (w->role_problem == NULL || strcmp(w->role_problem, problem) != 0)
+			ereport(WARNING,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s %d is waiting: %s", w->name, w->number, problem),
+					 errhint("CREATE EXTENSION obx creates role \"%s\" with the workers' grants; "
+							 "a role named in obx.worker_role needs GRANT %s TO it.",
+							 OBX_WORKER_GRANTS_ROLE, OBX_WORKER_GRANTS_ROLE)));
+		if (w->role_problem != NULL)
+			pfree(w->role_problem);
+		w->role_problem = MemoryContextStrdup(TopMemoryContext, problem);
+		return false;
+	}
+	Assert(!IsTransactionState());
+	SetUserIdAndSecContext(role, SECURITY_LOCAL_USERID_CHANGE);
+	if (w->role_problem != NULL)
+		pfree(w->role_problem);
+	w->role_problem = NULL;
+	w->as_role = true;
+	ereport(LOG,
+			(errmsg("%s %d runs its statements as role \"%s\"", w->name, w->number,
+					obx_worker_role)));
+	return true;
+}
+
+/*
  * obx_worker_extension_ready
  *		Whether obx's schema is installed in the worker's database at the
- *		version this library serves (OBX_SCHEMA_VERSION); logs once each
- *		time it is found missing or older.
+ *		version this library serves (OBX_SCHEMA_VERSION), and the worker
+ *		runs as obx.worker_role; logs once each time it is found missing or
+ *		older, and each new reason the role cannot be taken.
  */
 bool
 obx_worker_extension_ready(ObxWorker *w)
@@ -315,6 +386,8 @@ obx_worker_extension_ready(ObxWorker *w)
 							   version, OBX_SCHEMA_VERSION)));
 	}
 	w->said_waiting = !ready;
+	if (ready && !w->as_role)
+		return take_worker_role(w);
 	return ready;
 }
 

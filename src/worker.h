@@ -36,6 +36,8 @@ typedef struct ObxWorker
 	TimestampTz next_purge;
 	char *kafka_settings;   /* what its Kafka clients are built from */
 	bool said_waiting;      /* logged that the extension is missing */
+	bool as_role;           /* runs as obx.worker_role (take_worker_role) */
+	char *role_problem;     /* why it cannot, or NULL */
 	WaitEventSet *wait_set; /* built at the first wait, kept */
 	pgsocket wait_fd;       /* watched besides the latch, or none */
 } ObxWorker;

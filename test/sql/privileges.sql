@@ -263,3 +263,21 @@ SELECT r.rolname,
 -- Roles are cluster-wide: remove them and their grants.
 DROP OWNED BY regress_app, regress_consumer, regress_nobody, regress_monitor, regress_operator;
 DROP ROLE regress_app, regress_consumer, regress_nobody, regress_monitor, regress_operator;
+
+-- The workers' role (docs/security.md, "The workers"): not a superuser,
+-- cannot log in, and holds exactly these grants, nothing outside obx.
+SELECT rolsuper, rolcanlogin, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls
+  FROM pg_roles WHERE rolname = 'obx_worker';
+SELECT c.oid::regclass AS relation,
+       string_agg(a.privilege_type, ', ' ORDER BY a.privilege_type) AS privileges
+  FROM pg_class c, aclexplode(c.relacl) a
+ WHERE a.grantee = 'obx_worker'::regrole
+ GROUP BY c.oid
+ ORDER BY c.oid::regclass::text COLLATE "C";
+SELECT p.oid::regprocedure AS function, p.prosecdef AS security_definer
+  FROM pg_proc p, aclexplode(p.proacl) a
+ WHERE a.grantee = 'obx_worker'::regrole
+ ORDER BY p.oid::regprocedure::text COLLATE "C";
+SELECT n.nspname, a.privilege_type
+  FROM pg_namespace n, aclexplode(n.nspacl) a
+ WHERE a.grantee = 'obx_worker'::regrole;
