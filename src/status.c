@@ -328,13 +328,36 @@ obx_relay_problem(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(psprintf("no relay serves this database: %s", problem)));
 }
 
+/* Whether consumer workers of this server serve the current database. */
+static bool
+consumers_serve_here(void)
+{
+	char *here = get_database_name(MyDatabaseId);
+	int capacity = obx_database_capacity(false);
+	int position = 0;
+	ListCell *lc;
+
+	if (obx_shared == NULL)
+		return false;
+	foreach (lc, obx_database_list(false))
+	{
+		if (strcmp((char *) lfirst(lc), here) == 0)
+			return position < capacity;
+		position++;
+	}
+	return false;
+}
+
 /*
- * obx._warn_unserved() returns void: the warning of CREATE EXTENSION.
+ * obx._warn_unserved() returns void: the warning of CREATE EXTENSION.  Not
+ * in a database the consumer workers serve: it may only consume, and its
+ * first obx.enqueue of a session warns if it does enqueue.
  */
 Datum
 obx_warn_unserved(PG_FUNCTION_ARGS)
 {
-	obx_warn_unserved_now();
+	if (!consumers_serve_here())
+		obx_warn_unserved_now();
 	PG_RETURN_VOID();
 }
 

@@ -4,6 +4,8 @@
 # obx.status says why the events wait.  The enqueues still succeed, and
 # after a restart with obx preloaded the relay publishes every one of them
 # (the broker holds exactly the committed ids) and nothing warns any more.
+# A database only the consumer serves is warned at its first enqueue, not
+# at CREATE EXTENSION.
 use strict;
 use warnings;
 
@@ -52,5 +54,24 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM obx.status WHERE problem I
 unlike($err, qr/WARNING/, 'an enqueue in the served database does not warn');
 is($node->safe_psql('postgres', 'SELECT database FROM obx.workers'), 'postgres',
 	'obx.workers names the database its worker serves');
+
+# A database that only consumes (the consumer workers serve it, no relay
+# does) is not warned at CREATE EXTENSION, only once it enqueues; one that
+# nothing serves is.
+$node->safe_psql('postgres', q{
+	CREATE DATABASE inventory;
+	CREATE DATABASE lonely;
+	ALTER SYSTEM SET obx.consumer_databases = 'postgres, inventory';
+	SELECT pg_reload_conf();});
+ok($node->poll_query_until('inventory', q{SELECT current_setting('obx.consumer_databases') = 'postgres, inventory'}),
+	'the consumer serves database inventory');
+($ret, $out, $err) = $node->psql('inventory', 'CREATE EXTENSION obx');
+is($err, '', 'CREATE EXTENSION in a consumer-only database does not warn');
+($ret, $out, $err) = $node->psql('inventory', "SELECT obx.enqueue('$topic', 'k1', '{\"n\": 5}')");
+like($err, qr/WARNING:  no obx relay publishes the outbox of database "inventory"/,
+	'its first enqueue does');
+($ret, $out, $err) = $node->psql('lonely', 'CREATE EXTENSION obx');
+like($err, qr/WARNING:  no obx relay publishes the outbox of database "lonely"/,
+	'CREATE EXTENSION in a database nothing serves warns');
 
 done_testing();
