@@ -75,7 +75,7 @@ obx_handler_timeout(const char *option)
  * would.  It fires again every second until the handler has stopped, so a
  * handler that catches query_canceled is cancelled again.  In a consumer
  * worker, a handler that goes on regardless ends the worker (FATAL, and
- * the postmaster starts it again) rather than hold every subscription the
+ * the launcher starts it again) rather than hold every subscription the
  * worker serves; see obx_inbox_attach.
  */
 static void

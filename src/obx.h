@@ -5,40 +5,7 @@
  *	  shared memory (worker slots, handler slots, the claim-turn counters).
  *	  Each module declares what other modules call in a header of its own.
  *
- * Files and what they own (docs/internals.md has the tour):
- *	  obx.c		module entry, GUCs, shared memory
- *	  launcher.c	the launcher: starts and stops the per-database workers
- *				as obx.databases and obx.consumer_databases say
- *	  worker.c	the base of both workers: registration, start-up, reload,
- *				the wait, steps and kept plans, housekeeping timer
- *	  turns.c	the claim-turn protocol: wake-up, changes, async commits,
- *				turns
- *	  relay.c	the relay worker's loop
- *	  claim.c	the claim: a batch of events under a lease
- *	  outbox.c	the relay's other statements: record, renew, release
- *	  housekeeping.c	the purges (outbox, dedupe history, dead letters)
- *	  kafka.c	the producer: everything librdkafka, no transaction calls
- *	  kafka_conf.c	from obx's settings to a librdkafka handle; who may set
- *				which property; the properties file
- *	  enqueue.c	SQL-callable enqueue, enqueue_tombstone and the commit
- *				wake-up; the checks enqueue_many shares (enqueue.h)
- *	  enqueue_many.c	obx.enqueue_many: arrays of events in one statement
- *	  status.c	worker status in shared memory and its SQL view; whether a
- *				relay serves this database
- *	  latency.c	publish latency histogram per topic in shared memory
- *	  consumer.c	the consumer worker's loop: batches, held partitions,
- *				offsets
- *	  consumer_group.c	its Kafka consumers, one per subscription, as
- *				obx.subscriptions says; their watermarks
- *	  inbox.c	one transaction per batch of messages, a subtransaction
- *				per message: dedupe, handler, dead letter
- *	  inbound.c	a Kafka message made into the event a handler gets
- *	  handler.c	every handler call, as the subscription's owner
- *	  consumer_sql.c	subscribe, unsubscribe, mark_processed: who calls
- *	  trace.c	W3C trace context merged into an enqueued event's headers
- *	  cloudevents.c	CloudEvents binary-mode headers of a produced record
- *	  compat.c	what differs between PostgreSQL 14 and 18 (compat.h: the
- *				one place that tests PG_VERSION_NUM)
+ * Which file owns what: the file map of docs/internals.md ("The files").
  *
  *-------------------------------------------------------------------------
  */

@@ -14,8 +14,8 @@
  *
  * No transaction is open while the worker waits on Kafka; the only database
  * work during the wait is a lease renewal, itself a short transaction.
- * Any unexpected error ends the worker with exit status 1 and the
- * postmaster starts it again; the new process releases the leases its
+ * Any unexpected error ends the worker and the launcher starts it again
+ * a second later; the new process releases the leases its
  * predecessor held, so those events are re-sent at once with the same ids.
  *
  * Start-up, reload, the wait, housekeeping and exit are the worker base's

@@ -419,10 +419,9 @@ obx_worker_housekeeping(ObxWorker *w)
  * obx_worker_exit
  *		Log that the worker stopped and exit with status 1.
  *
- * Status 1, not 0: the postmaster unregisters a worker that exits with 0,
- * so a pg_terminate_backend() would stop it until the next server start.
- * With 1 it comes back after bgw_restart_time; at server shutdown nothing
- * is restarted either way.
+ * The launcher starts a stopped worker again a second later whatever its
+ * status (launcher.c); 1 marks it as not meant to stay stopped.  At server
+ * shutdown nothing is restarted.
  */
 void
 obx_worker_exit(ObxWorker *w)

@@ -7,6 +7,7 @@
 #   - the reader of status of docs/security.md, the role
 #     docs/monitoring.md gives the exporter, created with the SQL the doc
 #     gives, runs every query of monitoring/obx-queries.yaml;
+#   - every source file of src/ is in docs/internals.md's file map;
 #   - every relative link of the README and docs/*.md names a file that
 #     exists, and a heading of it when it has an anchor.
 use strict;
@@ -112,6 +113,13 @@ for my $q (@queries)
 	my ($ret, $out, $err) = $node->psql('postgres', "SET ROLE dashboards;\n$q");
 	my ($first) = $q =~ /(\S.*)/;
 	is($err, '', "the documented exporter role runs: $first");
+}
+
+# --- internals.md's file map ---------------------------------------------
+my $internals = slurp('docs/internals.md');
+for my $c (sort map { s{.*/}{}r } glob("$root/src/*.c"))
+{
+	like($internals, qr/^\| `\Q$c\E` \|/m, "internals.md's file map has src/$c");
 }
 
 # --- links ---------------------------------------------------------------
