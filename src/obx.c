@@ -26,6 +26,7 @@
 
 #include "obx.h"
 #include "compat.h"
+#include "drop_guard.h"
 #include "latency.h"
 #include "launcher.h"
 #include "turns.h"
@@ -59,6 +60,7 @@ int obx_consumer_workers = 2;
 char *obx_consumer_database = NULL;
 char *obx_worker_role = NULL;
 bool obx_warn_without_relay = true;
+bool obx_drop_unpublished = false;
 
 char *obx_traceparent = NULL;
 char *obx_tracestate = NULL;
@@ -78,6 +80,7 @@ void
 _PG_init(void)
 {
 	define_gucs();
+	obx_drop_guard_install();
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;
@@ -404,6 +407,16 @@ define_enqueue_gucs(void)
 							 &obx_warn_without_relay,
 							 true,
 							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("obx.drop_unpublished",
+							 "Whether DROP EXTENSION obx may delete events not "
+							 "yet published and dead letters not replayed.",
+							 "Off: such a drop is refused (in a backend that has "
+							 "obx loaded, as every backend does with the preload).",
+							 &obx_drop_unpublished,
+							 false,
+							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
 
 	DefineCustomStringVariable("obx.traceparent",

@@ -59,6 +59,7 @@ extern int obx_consumer_workers;
 extern char *obx_consumer_database;
 extern char *obx_worker_role;
 extern bool obx_warn_without_relay;
+extern bool obx_drop_unpublished;
 extern int obx_consumer_batch_size;
 extern int obx_consumer_batch_time_ms;
 extern char *obx_traceparent;
