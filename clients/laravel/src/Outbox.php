@@ -152,6 +152,42 @@ class Outbox
         );
     }
 
+    /**
+     * obx.mark_processed for a hand-written consumer: true the first time
+     * $consumer marks $eventId, false for a duplicate.  Only inside a
+     * transaction (NotInTransaction otherwise): the mark must commit or roll
+     * back with the effect it guards, or a crash between the two loses the
+     * effect or applies it twice.  processOnce does both.
+     */
+    public function markProcessed(string $consumer, string $eventId): bool
+    {
+        if ($this->db()->transactionLevel() === 0) {
+            throw new NotInTransaction(sprintf(
+                'obx markProcessed("%s", "%s") outside a database transaction on connection "%s"; '
+                . 'call it in the transaction that applies the event, or use processOnce',
+                $consumer, $eventId, $this->db()->getName()));
+        }
+        return (bool) $this->db()->selectOne('select obx.mark_processed(?, ?) as new', [$consumer, $eventId])->new;
+    }
+
+    /**
+     * Applies $effect once per event: in one transaction, marks $eventId
+     * processed for $consumer and, if the mark is new, calls $effect.  A
+     * redelivered event returns false without calling it; an exception
+     * from $effect rolls the mark back with the effect, so the event can be
+     * handled again.  Inside an outer transaction it runs in a savepoint.
+     */
+    public function processOnce(string $consumer, string $eventId, callable $effect): bool
+    {
+        return $this->db()->transaction(function () use ($consumer, $eventId, $effect) {
+            if (!$this->markProcessed($consumer, $eventId)) {
+                return false;
+            }
+            $effect();
+            return true;
+        });
+    }
+
     /** obx.unsubscribe: true if the subscription existed. */
     public function unsubscribe(string $consumer): bool
     {
@@ -163,7 +199,7 @@ class Outbox
     {
         return $this->db()->select(
             'select topic, pending, leased, published, quarantined, failing,
-                    oldest_pending_age::text as oldest_pending_age, last_error
+                    oldest_pending_age::text as oldest_pending_age, last_error, problem
                from obx.status order by topic');
     }
 
@@ -226,13 +262,20 @@ class Outbox
             [$topic, $since, $until])->n;
     }
 
-    /** The connection obx's functions are called on. */
+    /** The connection obx's functions are called on: PostgreSQL's only. */
     public function db(): ConnectionInterface
     {
         if ($this->db === null) {
             throw new LogicException('this obx outbox has no database (Obx::fake() fakes enqueue, '
-                . 'publish, enqueueMany, createExtension and subscribe only)');
+                . 'publish, enqueueMany, markProcessed, processOnce, createExtension and subscribe only)');
         }
-        return $this->db->connection($this->connection);
+        $connection = $this->db->connection($this->connection);
+        if (method_exists($connection, 'getDriverName') && $connection->getDriverName() !== 'pgsql') {
+            throw new LogicException(sprintf(
+                'obx needs a PostgreSQL connection, and connection "%s" uses %s; '
+                . 'set config obx.connection (OBX_CONNECTION) to the pgsql connection that holds your tables',
+                $connection->getName(), $connection->getDriverName()));
+        }
+        return $connection;
     }
 }

@@ -2,6 +2,7 @@
 
 namespace Obx\Laravel;
 
+use Illuminate\Database\Eloquent\Model;
 use JsonException;
 use JsonSerializable;
 use Obx\Laravel\Exceptions\InvalidEvent;
@@ -20,6 +21,12 @@ final class Payload
     /** The payload's JSON text, always an object; InvalidEvent otherwise. */
     public static function encode($payload): string
     {
+        if ($payload instanceof Model) {
+            throw new InvalidEvent(sprintf(
+                'obx event payload must be the fields of the event, got the model %s; '
+                . 'pass $model->only([...]) or an array of what consumers need, not the whole row',
+                get_class($payload)));
+        }
         if (!is_array($payload) && !$payload instanceof JsonSerializable) {
             throw new InvalidEvent(sprintf(
                 'obx event payload must be an array or JsonSerializable, got %s; '
@@ -47,6 +54,7 @@ final class Payload
         if ($json[0] !== '{') {
             throw new InvalidEvent('obx event payload must encode to a JSON object, got ' . substr($json, 0, 40));
         }
+        self::refuseNul($json, 'payload');
         return $json;
     }
 
@@ -66,9 +74,24 @@ final class Payload
             }
         }
         try {
-            return json_encode($headers, self::FLAGS);
+            $json = json_encode($headers, self::FLAGS);
         } catch (JsonException $e) {
             throw new InvalidEvent('obx event headers cannot be encoded as JSON: ' . $e->getMessage(), 0, $e);
+        }
+        self::refuseNul($json, 'headers');
+        return $json;
+    }
+
+    /**
+     * PostgreSQL's jsonb cannot hold a NUL character (\u0000): refused here,
+     * before the statement would fail and abort the caller's transaction.
+     * In the encoded text a NUL can only be the escape, and a backslash
+     * before it is itself escaped.
+     */
+    private static function refuseNul(string $json, string $what): void
+    {
+        if (preg_match('/(?<!\\\\)(?:\\\\\\\\)*\\\\u0000/', $json)) {
+            throw new InvalidEvent("obx event $what contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store");
         }
     }
 }

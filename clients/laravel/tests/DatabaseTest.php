@@ -34,7 +34,7 @@ class DatabaseTest extends TestCase
             (new CreateObxExtension('app'))->up();
             self::$migrated = true;
         }
-        DB::statement('TRUNCATE obx.events, obx.claims, obx.records, obx.event_states');
+        DB::statement('TRUNCATE obx.events, obx.claims, obx.records, obx.event_states, obx.processed_events');
     }
 
     public function testEnqueueStoresTheEventInTheOutbox(): void
@@ -128,6 +128,81 @@ class DatabaseTest extends TestCase
         // obx's own checks still stand behind the package's
         $this->expectExceptionMessage('obx topic name must not be empty');
         Obx::enqueue('', 'ord_1', ['orderId' => 'ord_1']);
+    }
+
+    public function testPayloadsJsonbCannotHoldAreRefusedBeforeSql(): void
+    {
+        $model = new class extends \Illuminate\Database\Eloquent\Model {
+            protected $guarded = [];
+        };
+        $model->fill(['id' => 7, 'password' => 'secret']);
+        DB::enableQueryLog();
+        foreach ([
+            [$model, [], 'got the model'],
+            [['note' => "a\0b"], [], 'payload contains a NUL character'],
+            [['ok' => 1], ['trace' => "x\0"], 'headers contains a NUL character'],
+        ] as [$payload, $headers, $message]) {
+            try {
+                Obx::enqueue(self::TOPIC, 'ord_1', $payload, headers: $headers);
+                $this->fail("accepted: $message");
+            } catch (InvalidEvent $e) {
+                $this->assertStringContainsString($message, $e->getMessage());
+            }
+        }
+        $this->assertSame([], DB::getQueryLog());
+
+        // A backslash followed by "u0000" is text, not a NUL: stored as given.
+        $id = DB::transaction(fn () => Obx::enqueue(self::TOPIC, 'ord_1',
+            ['note' => '\u0000', 'model' => $model->only(['id'])]));
+        $this->assertSame('{"note": "\\\\u0000", "model": {"id": 7}}', DB::selectOne(
+            'select payload::text as p from obx.outbox_events where id = ?::uuid', [$id])->p);
+    }
+
+    public function testANonPostgresConnectionIsRefusedClearly(): void
+    {
+        $this->app['config']->set('database.connections.legacy', ['driver' => 'mysql', 'database' => 'shop']);
+        $this->expectException(\LogicException::class);
+        $this->expectExceptionMessage('obx needs a PostgreSQL connection, and connection "legacy" uses mysql');
+        Obx::connection('legacy')->enqueue(self::TOPIC, 'ord_1', ['orderId' => 'ord_1']);
+    }
+
+    public function testProcessOnceAppliesAnEffectOncePerEvent(): void
+    {
+        DB::statement('CREATE TABLE IF NOT EXISTS public.invoices (event_id text)');
+        DB::statement('TRUNCATE public.invoices');
+        $invoice = fn (string $id) => fn () => DB::insert('insert into public.invoices values (?)', [$id]);
+        $invoices = fn () => array_column(DB::select('select event_id from public.invoices order by 1'), 'event_id');
+
+        try {
+            Obx::markProcessed('billing', 'ev-1');
+            $this->fail('markProcessed outside a transaction was accepted');
+        } catch (NotInTransaction $e) {
+            $this->assertStringContainsString('outside a database transaction', $e->getMessage());
+        }
+        $this->assertSame(0, (int) DB::selectOne('select count(*) as n from obx.processed_events')->n,
+            'and it marked nothing');
+
+        $this->assertTrue(Obx::processOnce('billing', 'ev-1', $invoice('ev-1')));
+        $this->assertFalse(Obx::processOnce('billing', 'ev-1', $invoice('ev-1')), 'a redelivery');
+        $this->assertTrue(Obx::processOnce('audit', 'ev-1', fn () => null), 'another consumer');
+
+        try {
+            Obx::processOnce('billing', 'ev-2', function () use ($invoice) {
+                $invoice('ev-2')();
+                throw new RuntimeException('card declined');
+            });
+            $this->fail('the effect did not throw');
+        } catch (RuntimeException $e) {
+            $this->assertSame('card declined', $e->getMessage());
+        }
+        $this->assertSame(['ev-1'], $invoices(), 'the failed effect was rolled back');
+        $this->assertTrue(Obx::processOnce('billing', 'ev-2', $invoice('ev-2')), 'with its mark');
+
+        DB::transaction(function () {
+            $this->assertTrue(Obx::markProcessed('billing', 'ev-3'));
+            $this->assertFalse(Obx::markProcessed('billing', 'ev-3'));
+        });
+        $this->assertSame(['ev-1', 'ev-2'], $invoices());
     }
 
     public function testAnEventDispatchedInATransactionIsEnqueuedInIt(): void
@@ -227,6 +302,12 @@ class DatabaseTest extends TestCase
         [$code, $out] = $this->artisan('obx:status');
         $this->assertSame(0, $code);
         $this->assertMatchesRegularExpression('/\| orders\.placed\.v1 \| 0 +\| 0 +\| 1 +\| 2 +\|/', $out);
+        $this->assertStringContainsString('| problem', $out);
+        [$code, $out] = $this->artisan('obx:status', ['--json' => true]);
+        $status = json_decode($out, true, 512, JSON_THROW_ON_ERROR);
+        $this->assertSame([self::TOPIC, 0, 1, 2], [$status['topics'][0]['topic'], $status['topics'][0]['pending'],
+            $status['topics'][0]['published'], $status['topics'][0]['quarantined']]);
+        $this->assertSame('no relay serves this database: obx.workers is 0', $status['topics'][0]['problem']);
 
         [$code, $out] = $this->artisan('obx:quarantine', ['--topic' => self::TOPIC]);
         $this->assertSame(0, $code);
@@ -249,7 +330,13 @@ class DatabaseTest extends TestCase
         $this->assertSame('too large for ever', DB::selectOne(
             'select skip_reason from obx.skipped_events where id = ?::uuid', [$other])->skip_reason);
 
-        [$code, $out] = $this->artisan('obx:replay', ['id' => [$published, $quarantined]]);
+        // In production the replay asks first; without an answer nothing is replayed.
+        $this->app->instance('env', 'production');
+        [$code, $out] = $this->artisan('obx:replay', ['id' => [$published], '--no-interaction' => true]);
+        $this->assertSame(1, $code);
+        $this->assertSame(1, (int) DB::selectOne('select count(*) as n from obx.outbox_events
+                                                   where published_at is not null')->n);
+        [$code, $out] = $this->artisan('obx:replay', ['id' => [$published, $quarantined], '--force' => true]);
         $this->assertSame(0, $code);
         $this->assertMatchesRegularExpression('/\| replayed \|\s+\+-+\+\s+\| 1 +\|/', $out);
         $this->assertSame(0, (int) DB::selectOne('select count(*) as n from obx.outbox_events
@@ -259,7 +346,8 @@ class DatabaseTest extends TestCase
         DB::select('select obx._hold(array(select id from obx.outbox_events where published_at is null))');
         DB::update('update obx.event_states set published_at = now(), quarantined_at = null
                      where skipped_at is null');
-        [$code, $out] = $this->artisan('obx:replay', ['--topic' => self::TOPIC, '--since' => '-infinity']);
+        [$code, $out] = $this->artisan('obx:replay', ['--topic' => self::TOPIC, '--since' => '-infinity',
+                                                     '--force' => true]);
         $this->assertMatchesRegularExpression('/\| 2 +\|/', $out);
 
         DB::update('update obx.event_states set quarantined_at = now(), published_at = null

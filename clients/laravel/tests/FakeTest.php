@@ -44,6 +44,25 @@ class FakeTest extends TestCase
         $this->assertFails(fn () => Obx::assertEnqueuedTimes('orders.placed.v1', 2));
     }
 
+    public function testTheFakeMarksEventsProcessedOnce(): void
+    {
+        Obx::fake();
+        $calls = 0;
+        $this->assertTrue(Obx::processOnce('billing', 'ev-1', function () use (&$calls) { $calls++; }));
+        $this->assertFalse(Obx::processOnce('billing', 'ev-1', function () use (&$calls) { $calls++; }));
+        $this->assertSame(1, $calls);
+        Obx::assertProcessed('billing', 'ev-1');
+        $this->assertFails(fn () => Obx::assertProcessed('billing', 'ev-2'));
+
+        try {
+            Obx::processOnce('billing', 'ev-2', fn () => throw new \RuntimeException('declined'));
+        } catch (\RuntimeException $e) {
+        }
+        $this->assertFails(fn () => Obx::assertProcessed('billing', 'ev-2'));
+        $this->assertTrue(Obx::markProcessed('billing', 'ev-2'), 'a failed effect took its mark back');
+        $this->assertFalse(Obx::markProcessed('billing', 'ev-2'));
+    }
+
     public function testEventsThatPublishThemselvesReachTheFake(): void
     {
         Obx::fake();

@@ -2,15 +2,23 @@
 
 namespace Obx\Laravel\Console;
 
-/** obx:replay: obx.replay by ids, or by topic and time range. */
+use Illuminate\Console\ConfirmableTrait;
+
+/**
+ * obx:replay: obx.replay by ids, or by topic and time range.  In
+ * production it asks first (--force does not), as migrate does.
+ */
 class ReplayCommand extends ObxCommand
 {
+    use ConfirmableTrait;
+
     protected $signature = 'obx:replay
         {id?* : published event ids to publish again, with the same ids}
         {--topic= : instead of ids: the published events of this topic...}
         {--since= : ...that occurred at or after this time (required with --topic)}
         {--until= : ...and before this time (default: no end)}
-        {--connection= : the database connection (default: config obx.connection)}';
+        {--connection= : the database connection (default: config obx.connection)}
+        {--force : replay in production without asking}';
 
     protected $description = 'Publish already published obx events again (consumers deduplicate by event id)';
 
@@ -21,6 +29,10 @@ class ReplayCommand extends ObxCommand
         if (($topic !== null) === (count($ids) > 0) || ($topic !== null && $this->option('since') === null)) {
             $this->error('give event ids, or --topic with --since (not both)');
             return 2;
+        }
+        $production = fn () => $this->laravel->bound('env') && $this->laravel['env'] === 'production';
+        if (!$this->confirmToProceed('Consumers will receive these events again.', $production)) {
+            return 1;
         }
         $n = $topic !== null
             ? $this->outbox()->replayTopic($topic, $this->option('since'), $this->option('until'))

@@ -7,15 +7,24 @@ class StatusCommand extends ObxCommand
 {
     protected $signature = 'obx:status
         {--connection= : the database connection (default: config obx.connection)}
-        {--consumers : also show the in-database consumers of this database}';
+        {--consumers : also show the in-database consumers of this database}
+        {--json : print the rows as JSON (topics, and consumers with --consumers)}';
 
     protected $description = 'Show the obx outbox per topic: pending, leased, published, quarantined';
 
     public function handle(): int
     {
         $outbox = $this->outbox();
+        if ($this->option('json')) {
+            $out = ['topics' => $outbox->status()];
+            if ($this->option('consumers')) {
+                $out['consumers'] = $outbox->consumers();
+            }
+            $this->line(json_encode($out, JSON_THROW_ON_ERROR | JSON_UNESCAPED_SLASHES | JSON_UNESCAPED_UNICODE));
+            return 0;
+        }
         $this->table(['topic', 'pending', 'leased', 'published', 'quarantined', 'failing',
-                      'oldest pending age', 'last error'], $this->rows($outbox->status()));
+                      'oldest pending age', 'last error', 'problem'], $this->rows($outbox->status()));
         if ($this->option('consumers')) {
             $this->table(['consumer', 'processed', 'duplicates', 'dead lettered', 'retries', 'lag',
                           'dead letters pending'], $this->rows($outbox->consumers()));

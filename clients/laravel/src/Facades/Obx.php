@@ -15,6 +15,8 @@ use Obx\Laravel\Testing\ObxFake;
  * @method static void createExtension()
  * @method static void subscribe(string $consumer, array|string $topics, string $handler, array $options = [])
  * @method static bool unsubscribe(string $consumer)
+ * @method static bool markProcessed(string $consumer, string $eventId)
+ * @method static bool processOnce(string $consumer, string $eventId, callable $effect)
  * @method static array status()
  * @method static array consumers()
  * @method static array quarantine(?string $topic = null)
@@ -27,6 +29,7 @@ use Obx\Laravel\Testing\ObxFake;
  * @method static void assertEnqueuedTimes(string $topic, int $times, ?callable $callback = null)
  * @method static void assertNotEnqueued(string $topic, ?callable $callback = null)
  * @method static void assertNothingEnqueued()
+ * @method static void assertProcessed(string $consumer, string $eventId)
  *
  * @see \Obx\Laravel\Outbox
  * @see \Obx\Laravel\Testing\ObxFake

@@ -12,7 +12,8 @@ use PHPUnit\Framework\Assert as PHPUnit;
 /**
  * What Obx::fake() puts behind the facade, for application tests: enqueue,
  * enqueueMany and publish (so event(...) too) record the event instead of
- * calling obx, after the same payload and header checks; createExtension,
+ * calling obx, after the same payload and header checks; markProcessed and
+ * processOnce keep the marks in memory; createExtension,
  * subscribe and unsubscribe do nothing.  The operator calls (status,
  * retry, ...) are not faked.  The fake sees no transactions: an event
  * recorded inside a transaction that rolls back stays recorded.
@@ -21,6 +22,9 @@ class ObxFake extends Outbox
 {
     /** @var array<int, array{topic: string, key: string, payload: array, type: ?string, id: string, headers: array}> */
     private array $enqueued = [];
+
+    /** @var array<string, array<string, true>> consumer => event id => marked */
+    private array $processed = [];
 
     public function __construct()
     {
@@ -76,6 +80,40 @@ class ObxFake extends Outbox
         }
         return $this->enqueue($event->topic(), $event->key(), $event->payload(), $event->type(),
             $event->eventId(), $headers);
+    }
+
+    /** Records the mark: true the first time for $consumer and $eventId. */
+    public function markProcessed(string $consumer, string $eventId): bool
+    {
+        if (isset($this->processed[$consumer][$eventId])) {
+            return false;
+        }
+        $this->processed[$consumer][$eventId] = true;
+        return true;
+    }
+
+    /**
+     * Calls $effect the first time for $consumer and $eventId; an exception
+     * from it takes the mark back, as the real transaction would.
+     */
+    public function processOnce(string $consumer, string $eventId, callable $effect): bool
+    {
+        if (!$this->markProcessed($consumer, $eventId)) {
+            return false;
+        }
+        try {
+            $effect();
+        } catch (\Throwable $e) {
+            unset($this->processed[$consumer][$eventId]);
+            throw $e;
+        }
+        return true;
+    }
+
+    public function assertProcessed(string $consumer, string $eventId): void
+    {
+        PHPUnit::assertTrue(isset($this->processed[$consumer][$eventId]),
+            "obx consumer $consumer did not mark event $eventId processed");
     }
 
     public function createExtension(): void
