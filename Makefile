@@ -10,7 +10,7 @@ MODULE_big = obx
 OBJS = src/obx.o src/launcher.o src/worker.o src/turns.o src/enqueue.o src/enqueue_many.o src/claim.o src/outbox.o \
 	src/housekeeping.o src/kafka.o src/kafka_conf.o src/relay.o src/status.o src/latency.o \
 	src/consumer.o src/consumer_group.o src/held.o src/inbox.o src/inbox_group.o src/progress.o src/inbound.o src/handler.o \
-	src/consumer_sql.o src/trace.o src/cloudevents.o src/compat.o src/drop_guard.o
+	src/consumer_sql.o src/trace.o src/cloudevents.o src/compat.o src/drop_guard.o src/log_repeat.o
 EXTENSION = obx
 DATA = obx--1.0.sql obx--1.0--1.1.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"

@@ -66,15 +66,13 @@
 /* A floor past every seq: every event the tick's snapshot saw is published. */
 #define OBX_FLOOR_NONE PG_INT64_MAX
 
-static SPIPlanPtr claim_lock_plan = NULL;
 static SPIPlanPtr lease_id_plan = NULL;
 static SPIPlanPtr tick_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr floor_plan = NULL;
 static SPIPlanPtr lease_plan = NULL;
 
-/* The claim lock is taken first, then the lease id is drawn. */
-static const char *claim_lock_sql = "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)";
+/* The claim lock is taken first (obx_claim_lock), then the lease id is drawn. */
 static const char *lease_id_sql = "SELECT pg_catalog.nextval('obx.lease_seq')";
 
 /* The tick the claim starts from: the latest claim's floor, snapshot, id. */
@@ -401,27 +399,6 @@ release_claim(ObxBatch *batch)
 			 errdetail("Events are published only once the synchronous standby has them; they are claimed again.")));
 	batch->nevents = 0;
 	obx_note_change();
-}
-
-/*
- * obx_claim_lock
- *		Take the claim lock, held until the current step commits: claims,
- *		and the steps that must agree with them on whether a lease is live
- *		(outbox.c), run one at a time.
- */
-void
-obx_claim_lock(void)
-{
-	Oid types[2] = {INT4OID, INT4OID};
-	Datum args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
-					 Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
-	int rc;
-
-	if (claim_lock_plan == NULL)
-		claim_lock_plan = obx_prepare_kept_generic(claim_lock_sql, 2, types);
-	rc = SPI_execute_plan(claim_lock_plan, args, NULL, false, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "obx could not take the claim lock: %s", SPI_result_code_string(rc));
 }
 
 /* Take the claim lock, then draw the lease id. */

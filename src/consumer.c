@@ -61,6 +61,7 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "housekeeping.h"
 #include "handler.h"
 #include "inbox.h"
 #include "consumer_group.h"
@@ -619,7 +620,7 @@ obx_consumer_main(Datum main_arg)
 		}
 		if (!subscriptions_ready())
 			continue;
-		obx_worker_housekeeping(&state.w);
+		obx_housekeeping(&state.w);
 		if (serve_consumers() == 0)
 			wait_for_messages(obx_held_next_wakeup_ms(Min(obx_poll_interval_ms,
 														  OBX_WATERMARK_INTERVAL_MS)));

@@ -27,9 +27,9 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "log_repeat.h"
 #include "inbox.h"
 #include "kafka_conf.h"
-#include "status.h"
 #include "handler.h"
 #include "worker.h"
 #include "consumer_group.h"

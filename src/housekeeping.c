@@ -8,8 +8,8 @@
  *	  obx.dead_letter_retention.
  *
  * Worker 0 of the relay, or of the consumer in a database no relay
- * serves, calls obx_outbox_purge every OBX_PURGE_INTERVAL_MS, and again at
- * once while a call still did something.  Each call is one short
+ * serves, purges every OBX_PURGE_INTERVAL_MS (obx_housekeeping), and again
+ * at once while a call still did something.  Each call is one short
  * transaction: one step of the rotation, and at most OBX_PURGE_BATCH rows
  * of each other table, so a large backlog of old rows goes in many small
  * steps.
@@ -20,9 +20,12 @@
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 
 #include "obx.h"
+#include "turns.h"
 #include "worker.h"
 #include "housekeeping.h"
 
@@ -143,4 +146,28 @@ obx_outbox_purge(void)
 		purged += purge_dead_letters();
 	obx_step_end(caller);
 	return purged;
+}
+
+/*
+ * obx_housekeeping
+ *		Purge old rows (obx_outbox_purge) every OBX_PURGE_INTERVAL_MS, and
+ *		again at once while a purge finds something, if this worker purges.
+ */
+void
+obx_housekeeping(ObxWorker *w)
+{
+	int64 purged;
+
+	if (!w->purges || GetCurrentTimestamp() < w->next_purge)
+		return;
+	/* a consumer purges only where no relay does */
+	if (w->kind == OBX_WORKER_CONSUMER && obx_turns_find(MyDatabaseId) >= 0)
+	{
+		w->next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													OBX_PURGE_INTERVAL_MS);
+		return;
+	}
+	purged = obx_outbox_purge();
+	w->next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);
 }

@@ -50,8 +50,8 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "log_repeat.h"
 #include "inbox.h"
-#include "status.h"
 #include "worker.h"
 #include "handler.h"
 #include "inbound.h"

@@ -47,8 +47,8 @@
 #include "utils/varlena.h"
 
 #include "obx.h"
+#include "log_repeat.h"
 #include "launcher.h"
-#include "status.h"
 #include "turns.h"
 
 #define OBX_RESTART_MS 1000

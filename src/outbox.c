@@ -4,11 +4,13 @@
  *	  The relay's statements on the batches it claimed: recording what Kafka
  *	  said about a batch (published, or failed: backing off, quarantined),
  *	  renewing and releasing its lease, releasing the leases of a dead
- *	  predecessor, and keeping the outbox's planner statistics fresh.  The
+ *	  predecessor, keeping the outbox's planner statistics fresh; and the
+ *	  claim lock that claims and these steps share.  The
  *	  claim is in claim.c, the purges in housekeeping.c.
  *
- * Each exported function is one short transaction of its own, started and
- * committed here; none is ever open while the worker waits on Kafka.
+ * Each exported function but obx_claim_lock (a statement of the caller's
+ * step) is one short transaction of its own, started and committed here;
+ * none is ever open while the worker waits on Kafka.
  * Statements are prepared once per worker and kept (SPI_keepplan).
  *
  * Nothing is written into an event (docs/internals.md, "The outbox log").
@@ -52,6 +54,9 @@ static SPIPlanPtr hold_plan = NULL;
 static SPIPlanPtr failed_plan = NULL;
 static SPIPlanPtr live_plan = NULL;
 static SPIPlanPtr renew_plan = NULL;
+static SPIPlanPtr claim_lock_plan = NULL;
+
+static const char *claim_lock_sql = "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)";
 
 /*
  * The batch's record: the events delivered, where they landed and when the
@@ -167,6 +172,27 @@ record_prepare_plans(void)
 	failed_plan = obx_prepare_kept(failed_sql, 7, failed_types);
 	live_plan = obx_prepare_kept(live_sql, 1, lease_types);
 	renew_plan = obx_prepare_kept_generic(renew_sql, 2, renew_types);
+}
+
+/*
+ * obx_claim_lock
+ *		Take the claim lock, held until the current step commits: claims
+ *		(claim.c), and the steps here that must agree with them on whether
+ *		a lease is live, run one at a time.
+ */
+void
+obx_claim_lock(void)
+{
+	Oid types[2] = {INT4OID, INT4OID};
+	Datum args[2] = {Int32GetDatum(OBX_CLAIM_LOCK_CLASS),
+					 Int32GetDatum(OBX_CLAIM_LOCK_OBJECT)};
+	int rc;
+
+	if (claim_lock_plan == NULL)
+		claim_lock_plan = obx_prepare_kept_generic(claim_lock_sql, 2, types);
+	rc = SPI_execute_plan(claim_lock_plan, args, NULL, false, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "obx could not take the claim lock: %s", SPI_result_code_string(rc));
 }
 
 /*

@@ -35,6 +35,7 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "housekeeping.h"
 #include "kafka.h"
 #include "outbox.h"
 #include "status.h"
@@ -607,7 +608,7 @@ obx_relay_main(Datum main_arg)
 		}
 		if (!relay_ready())
 			continue;
-		obx_worker_housekeeping(&relay.w);
+		obx_housekeeping(&relay.w);
 		if (!producer_ready())
 			continue;
 

@@ -37,7 +37,6 @@
 
 #include "obx.h"
 #include "handler.h"
-#include "housekeeping.h"
 #include "kafka_conf.h"
 #include "outbox.h"
 #include "turns.h"
@@ -153,7 +152,7 @@ kafka_settings(ObxWorker *w)
  * The launcher passes the database in bgw_extra and the worker's slot in
  * main_arg.  Worker 0 of a database's relay purges; consumer worker 0 too
  * when no relay serves its database (the dedupe history lives there; see
- * obx_worker_housekeeping).
+ * obx_housekeeping in housekeeping.c).
  */
 void
 obx_worker_start(ObxWorker *w, ObxWorkerKind kind, Datum main_arg)
@@ -389,30 +388,6 @@ obx_worker_extension_ready(ObxWorker *w)
 	if (ready && !w->as_role)
 		return take_worker_role(w);
 	return ready;
-}
-
-/*
- * obx_worker_housekeeping
- *		Purge old rows (obx_outbox_purge) every OBX_PURGE_INTERVAL_MS, and
- *		again at once while a purge finds something, if this worker purges.
- */
-void
-obx_worker_housekeeping(ObxWorker *w)
-{
-	int64 purged;
-
-	if (!w->purges || GetCurrentTimestamp() < w->next_purge)
-		return;
-	/* a consumer purges only where no relay does */
-	if (w->kind == OBX_WORKER_CONSUMER && obx_turns_find(MyDatabaseId) >= 0)
-	{
-		w->next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													OBX_PURGE_INTERVAL_MS);
-		return;
-	}
-	purged = obx_outbox_purge();
-	w->next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-												purged > 0 ? 0 : OBX_PURGE_INTERVAL_MS);
 }
 
 /*

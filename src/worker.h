@@ -3,7 +3,7 @@
  * worker.h
  *	  The base both background worker kinds are built on (worker.c):
  *	  registration, start-up, reload, the wait on the latch and one
- *	  descriptor, the extension-ready check, housekeeping, exit; and the
+ *	  descriptor, the extension-ready check, exit; and the
  *	  short-transaction steps and kept plans every worker statement uses.
  *
  *-------------------------------------------------------------------------
@@ -52,7 +52,6 @@ extern bool obx_worker_reload(ObxWorker *w);
 extern void obx_worker_watch_fd(ObxWorker *w, pgsocket fd);
 extern void obx_worker_wait(ObxWorker *w, long timeout_ms, bool heed_latch);
 extern bool obx_worker_extension_ready(ObxWorker *w);
-extern void obx_worker_housekeeping(ObxWorker *w);
 pg_noreturn extern void obx_worker_exit(ObxWorker *w);
 extern long obx_ms_until(TimestampTz t);
 
