@@ -7,16 +7,19 @@
 #   make dist                     the PGXN distribution, obx-<version>.zip
 
 MODULE_big = obx
-OBJS = src/obx.o src/launcher.o src/worker.o src/turns.o src/enqueue.o src/enqueue_many.o src/claim.o src/outbox.o \
-	src/housekeeping.o src/kafka.o src/kafka_conf.o src/relay.o src/status.o src/latency.o \
-	src/consumer.o src/consumer_group.o src/held.o src/inbox.o src/inbox_group.o src/progress.o src/inbound.o src/handler.o \
-	src/consumer_sql.o src/trace.o src/cloudevents.o src/compat.o src/drop_guard.o src/log_repeat.o
+OBJS = src/base/obx.o src/base/compat.o src/base/worker.o src/base/launcher.o src/base/status.o \
+	src/base/log_repeat.o src/base/drop_guard.o src/base/kafka_conf.o src/base/housekeeping.o \
+	src/api/enqueue.o src/api/enqueue_many.o src/api/consumer_sql.o src/api/trace.o src/relay/relay.o \
+	src/relay/claim.o src/relay/outbox.o src/relay/turns.o src/relay/kafka.o src/relay/cloudevents.o \
+	src/relay/latency.o src/consumer/consumer.o src/consumer/consumer_group.o src/consumer/held.o \
+	src/consumer/inbox.o src/consumer/inbox_group.o src/consumer/progress.o src/consumer/inbound.o \
+	src/consumer/handler.o
 EXTENSION = obx
 DATA = obx--1.0.sql obx--1.0--1.1.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"
 
 SHLIB_LINK = -lrdkafka
-PG_CPPFLAGS = -I$(srcdir)/src
+PG_CPPFLAGS = $(addprefix -I$(srcdir)/src/,base api relay consumer)
 PG_CFLAGS = -Wall -Wmissing-prototypes -Werror
 
 REGRESS = enqueue enqueue_many mark_processed operations privileges consumer security relay_served \
@@ -31,7 +34,7 @@ include $(PGXS)
 all: tools/obx-kafka-mock
 
 # PGXS tracks no header dependencies: rebuild everything when one changes.
-$(OBJS): $(wildcard src/*.h)
+$(OBJS): $(wildcard src/*/*.h)
 
 tools/obx-kafka-mock: tools/obx_kafka_mock.c
 	$(MAKE) -C tools

@@ -61,7 +61,7 @@ CREATE TABLE obx.outbox_events (
  * Per-batch leases.  A claim writes one row here for the whole batch: its
  * events' ids and their topics and keys, which block those keys for other
  * claims while the lease lasts.  An event is then written once, when it is
- * published (or fails).  See src/outbox.c.
+ * published (or fails).  See src/relay/outbox.c.
  */
 CREATE TABLE obx.leases (
 	lease_id			bigint		PRIMARY KEY,
@@ -236,7 +236,7 @@ CREATE INDEX outbox_events_pending_idx
 /*
  * Events failing or quarantined: what blocks their key besides a lease.
  * Small: only unpublished events whose last attempt failed (see
- * src/outbox.c).
+ * src/relay/outbox.c).
  */
 CREATE INDEX outbox_events_active_idx
 	ON obx.outbox_events (topic, event_key)
@@ -448,7 +448,7 @@ LANGUAGE C VOLATILE;
  * Whether a relay of this server publishes the current database's outbox:
  * NULL if one does, else why not (obx.status.problem).  _warn_unserved
  * raises the warning the end of this script and a session's first
- * obx.enqueue give then.  See src/status.c.
+ * obx.enqueue give then.  See src/base/status.c.
  */
 CREATE FUNCTION obx._relay_problem()
 RETURNS text
@@ -464,7 +464,7 @@ LANGUAGE C VOLATILE;
  * Publish latency per topic, from enqueue (occurred_at) to the broker's
  * acknowledgement (published_at), counted in shared memory by the relay
  * as it records deliveries: Prometheus-style cumulative buckets.  See
- * src/latency.c.
+ * src/relay/latency.c.
  */
 CREATE FUNCTION obx.publish_latency_buckets(
 	OUT topic text,
@@ -535,7 +535,7 @@ CREATE TRIGGER subscriptions_owner
 
 /*
  * The Kafka properties a subscription may set in options.kafka: consumer
- * tuning only (src/kafka_conf.c).  Everything else (brokers, security,
+ * tuning only (src/base/kafka_conf.c).  Everything else (brokers, security,
  * plugins, commands, files) is a superuser's, in obx.kafka_properties or
  * obx.kafka_properties_file; the consumer workers check the list again.
  */
@@ -697,7 +697,7 @@ $$;
  * pick it up within obx.poll_interval.  The handler runs as the owner of
  * the consumer name: the role that subscribed it first.
  *
- * obx.subscribe itself is a C function (src/consumer_sql.c) that passes
+ * obx.subscribe itself is a C function (src/api/consumer_sql.c) that passes
  * its caller to obx._subscribe, which writes obx.subscriptions as the
  * extension owner: nobody else may write that table, and a SECURITY
  * DEFINER function cannot tell who called it.  obx._subscribe is granted
@@ -884,7 +884,7 @@ LANGUAGE C VOLATILE SECURITY INVOKER;
 /*
  * _replay_handler: run the subscription's handler on one dead letter as
  * the subscription's owner (never as the caller), in a security-restricted
- * operation, with the subscription's handler timeout (src/inbox.c).
+ * operation, with the subscription's handler timeout (src/consumer/inbox.c).
  */
 CREATE FUNCTION obx._replay_handler(dead_letter_id bigint)
 RETURNS void
@@ -1017,7 +1017,7 @@ SELECT e.id, e.topic, e.event_key, e.event_type, e.attempts,
 
 CREATE VIEW obx.workers AS SELECT * FROM obx.worker_status();
 
-/* Cumulative histogram per topic since the server started (src/latency.c). */
+/* Cumulative histogram per topic since the server started (src/relay/latency.c). */
 CREATE VIEW obx.publish_latency AS SELECT * FROM obx.publish_latency_buckets();
 
 /*
@@ -1212,7 +1212,7 @@ SELECT pg_catalog.pg_extension_config_dump('obx.consumer_owners', '');
 
 /* ---------------------------------------------------------------------
  * No silent dead end: warn now if no relay of this server will publish
- * this database's outbox (src/status.c).
+ * this database's outbox (src/base/status.c).
  * --------------------------------------------------------------------- */
 
 SELECT obx._warn_unserved();

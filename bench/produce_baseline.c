@@ -387,7 +387,7 @@ main(int argc, char **argv)
 
 	start = now_seconds();
 
-	/* The producer obx builds (src/kafka.c), minus its log routing. */
+	/* The producer obx builds (src/relay/kafka.c), minus its log routing. */
 	conf = rd_kafka_conf_new();
 	set(conf, "bootstrap.servers", brokers);
 	set(conf, "client.id", "obx-bench-baseline");

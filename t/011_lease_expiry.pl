@@ -120,7 +120,7 @@ my $stall = time() - $t_stop;
 cmp_ok($stall, '<', 30, sprintf('the stall (%.1f s) is shorter than obx.delivery_timeout', $stall));
 
 # Wake the stale worker, with its first database step made slow: a
-# session holds the claim lock (src/outbox.h), so the worker's lease
+# session holds the claim lock (src/relay/outbox.h), so the worker's lease
 # renewal (the step that would find the lease lost and purge its
 # producer's queue), which checks the lease under that lock, waits, while its producer, whose threads woke up too, reconnects to the
 # brokers and sends the old batch.  The stale worker's late copies then

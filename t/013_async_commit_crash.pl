@@ -13,7 +13,7 @@
 # immediate mode, which discards the WAL still in shared memory.  A relay
 # that produced without flushing first fails this test: the event is at
 # the broker and gone from the outbox.  So does one whose claim learns no
-# commit end from obx.enqueue's commit callback (src/obx.c,
+# commit end from obx.enqueue's commit callback (src/relay/turns.c,
 # obx_async_commit_done), which is where the claim flushes to.
 use strict;
 use warnings;

@@ -1,7 +1,7 @@
 # A worker skips a claim only when nothing changed since the latest claim
-# that took everything it could (src/obx.c, obx_claim_pointless).  Ending a
+# that took everything it could (src/relay/turns.c, obx_claim_pointless).  Ending a
 # lease frees the events its keys held back, so a worker that records a
-# batch claims next whatever the count of changes says (src/relay.c,
+# batch claims next whatever the count of changes says (src/relay/relay.c,
 # land_flight).
 #
 # The workers poll once an hour (obx.poll_interval), so only commits and

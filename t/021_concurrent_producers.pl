@@ -17,7 +17,7 @@
 #
 # The workers poll only once an hour (obx.poll_interval), so every claim
 # after the first comes from a commit's wake-up or a change the workers
-# count (src/obx.c, obx_claim_pointless).  A claim skipped when something
+# count (src/relay/turns.c, obx_claim_pointless).  A claim skipped when something
 # had changed would leave events unpublished for the hour, and the waits
 # below would time out.
 use strict;

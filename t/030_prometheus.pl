@@ -246,7 +246,7 @@ broker_holds($orders);
 
 # A worker that had nothing to send since the brokers came back shows
 # "broker down" until its last connection error is 30 s old
-# (OBX_BROKER_TROUBLE_WINDOW_MS in src/kafka.c); then the alert clears.
+# (OBX_BROKER_TROUBLE_WINDOW_MS in src/relay/kafka.c); then the alert clears.
 ok(wait_metrics_for('no worker in state "broker down"', sub {
 	!grep { $_->{value} == 1 } samples(shift, 'obx_worker_state', state => 'broker down') }, 60),
 	'no worker shows "broker down" within 60 s of the brokers coming back');

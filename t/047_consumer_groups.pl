@@ -1,6 +1,6 @@
 # The consumer applies a batch's messages in groups: one subtransaction, one
 # statement marking every event of the group, one prepared handler call
-# (src/inbox_group.c).  What a group must keep of the per-message path:
+# (src/consumer/inbox_group.c).  What a group must keep of the per-message path:
 #
 # 1. A LANGUAGE sql handler, whose plans a group keeps from one call to the
 #    next, still sees the effects of every earlier message: each call

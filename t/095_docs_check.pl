@@ -117,7 +117,9 @@ for my $q (@queries)
 
 # --- internals.md's file map ---------------------------------------------
 my $internals = slurp('docs/internals.md');
-for my $c (sort map { s{.*/}{}r } glob("$root/src/*.c"))
+my @sources = sort map { s{^\Q$root\E/src/}{}r } glob("$root/src/*/*.c");
+cmp_ok(scalar(@sources), '>=', 20, 'the sources are in the folders of src/');
+for my $c (@sources)
 {
 	like($internals, qr/^\| `\Q$c\E` \|/m, "internals.md's file map has src/$c");
 }

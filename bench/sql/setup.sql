@@ -77,7 +77,7 @@ $$;
 /*
  * The UPDATE baseline of the drain benchmark: mark every row of
  * bench.update_baseline published the way the relay marks delivered
- * events (src/outbox.c, delivered_sql): one UPDATE ... FROM unnest(ids) of
+ * events (src/relay/outbox.c, delivered_sql): one UPDATE ... FROM unnest(ids) of
  * batch_size rows taken in seq order from the pending index, one commit per
  * batch.  No claim, no lease, no Kafka: the database's own ceiling for
  * this work.  Leaves the elapsed seconds in bench.result.

@@ -36,10 +36,7 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
-#include "handler.h"
 #include "kafka_conf.h"
-#include "outbox.h"
-#include "turns.h"
 #include "worker.h"
 
 /*

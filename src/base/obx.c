@@ -116,7 +116,7 @@ define_kafka_gucs(void)
 
 	/*
 	 * Secrets go here, not in obx.kafka_properties: PostgreSQL logs the new
-	 * value of a setting changed by a reload.  See src/kafka_conf.c.
+	 * value of a setting changed by a reload.  See src/base/kafka_conf.c.
 	 */
 	DefineCustomStringVariable("obx.kafka_properties_file",
 							   "librdkafka client properties file for secrets.",
