@@ -779,7 +779,6 @@ $$;
  * look-up of a handler by name (in its owner's schemas).
  */
 ALTER FUNCTION obx._rotate(float8) SECURITY DEFINER;
-/* A handler's name is looked up in its owner's schemas. */
 ALTER FUNCTION obx._handler(obx.subscriptions) SECURITY DEFINER;
 
 CREATE FUNCTION obx._analyze_events()

@@ -11,13 +11,9 @@
  */
 #include "postgres.h"
 
-#include "access/xact.h"
-#include "catalog/namespace.h"
-#include "commands/extension.h"
 #include "executor/spi.h"
 #include "nodes/parsenodes.h"
 #include "tcop/utility.h"
-#include "utils/builtins.h"
 
 #include "obx.h"
 #include "drop_guard.h"
@@ -52,18 +48,18 @@ drops_obx(Node *stmt)
 /*
  * Refuse the drop while something would be lost: events not published
  * (quarantined ones included) and dead letters not replayed.  Only for
- * the schema this library serves; an older one is left alone.
+ * the schema this library serves; an older one, or none (DROP EXTENSION
+ * IF EXISTS), is left alone.
  */
 static void
 check_nothing_waits(void)
 {
-	Oid ext = get_extension_oid("obx", true);
 	int64 events;
 	int64 letters;
 	bool isnull;
 	int rc;
 
-	if (!OidIsValid(ext) || obx_drop_unpublished)
+	if (obx_drop_unpublished)
 		return;
 	SPI_connect();
 	rc = SPI_execute("SELECT extversion = '" OBX_SCHEMA_VERSION "' FROM pg_catalog.pg_extension"

@@ -200,24 +200,37 @@ obx_worker_status(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Where database here stands in the relay's (or the consumer's) list,
+ * from 0; -1 when it is not listed.  Only the first
+ * obx_database_capacity() of the list are served.
+ */
+static int
+list_position(bool relay, const char *here)
+{
+	int position = 0;
+	ListCell *lc;
+
+	foreach (lc, obx_database_list(relay))
+	{
+		if (strcmp((char *) lfirst(lc), here) == 0)
+			return position;
+		position++;
+	}
+	return -1;
+}
+
+/*
  * Whether database here is among the first obx_database_capacity()
  * databases of the relay's list; the reason if not.
  */
 static const char *
 list_problem(const char *here, char **detail, char **hint)
 {
-	List *names = obx_database_list(true);
 	int capacity = obx_database_capacity(true);
-	int position = 0;
-	ListCell *lc;
+	int position = list_position(true, here);
 
-	foreach (lc, names)
+	if (position >= 0)
 	{
-		if (strcmp((char *) lfirst(lc), here) != 0)
-		{
-			position++;
-			continue;
-		}
 		if (position < capacity)
 			return NULL;
 		*detail = psprintf("Database \"%s\" is number %d in the relay's list, but only "
@@ -331,20 +344,12 @@ obx_relay_problem(PG_FUNCTION_ARGS)
 static bool
 consumers_serve_here(void)
 {
-	char *here = get_database_name(MyDatabaseId);
-	int capacity = obx_database_capacity(false);
-	int position = 0;
-	ListCell *lc;
+	int position;
 
 	if (obx_shared == NULL)
 		return false;
-	foreach (lc, obx_database_list(false))
-	{
-		if (strcmp((char *) lfirst(lc), here) == 0)
-			return position < capacity;
-		position++;
-	}
-	return false;
+	position = list_position(false, get_database_name(MyDatabaseId));
+	return position >= 0 && position < obx_database_capacity(false);
 }
 
 /*

@@ -78,8 +78,9 @@ static struct
 /*
  * What obx.mark_processed does, without its two function calls and its
  * owner check: the worker (obx.worker_role, granted INSERT here) acts for
- * the subscription, whose owner obx.subscribe checked.  ON CONFLICT DO NOTHING waits for a concurrent insert of the
- * same pair; a row inserted means the event is new.
+ * the subscription, whose owner obx.subscribe checked.  ON CONFLICT DO
+ * NOTHING waits for a concurrent insert of the same pair; a row inserted
+ * means the event is new.
  */
 static const char *mark_sql =
 	"INSERT INTO obx.processed_events (consumer_name, event_id)"

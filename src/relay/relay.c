@@ -18,8 +18,9 @@
  * a second later; the new process releases the leases its
  * predecessor held, so those events are re-sent at once with the same ids.
  *
- * Start-up, reload, the wait, housekeeping and exit are the worker base's
- * (worker.c); when to claim is the claim-turn protocol's (turns.c).
+ * Start-up, reload, the wait and exit are the worker base's (worker.c),
+ * the purges housekeeping.c's; when to claim is the claim-turn protocol's
+ * (turns.c).
  *
  *-------------------------------------------------------------------------
  */

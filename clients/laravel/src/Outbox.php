@@ -161,13 +161,14 @@ class Outbox
      */
     public function markProcessed(string $consumer, string $eventId): bool
     {
-        if ($this->db()->transactionLevel() === 0) {
+        $db = $this->db();
+        if ($db->transactionLevel() === 0) {
             throw new NotInTransaction(sprintf(
                 'obx markProcessed("%s", "%s") outside a database transaction on connection "%s"; '
                 . 'call it in the transaction that applies the event, or use processOnce',
-                $consumer, $eventId, $this->db()->getName()));
+                $consumer, $eventId, $db->getName()));
         }
-        return (bool) $this->db()->selectOne('select obx.mark_processed(?, ?) as new', [$consumer, $eventId])->new;
+        return (bool) $db->selectOne('select obx.mark_processed(?, ?) as new', [$consumer, $eventId])->new;
     }
 
     /**
