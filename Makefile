@@ -2,6 +2,7 @@
 #
 #   make && make install          build and install the extension
 #   make installcheck             pg_regress against a temporary instance
+#   make sql-only-check           the same tests against the SQL-only install
 #   make prove                    end-to-end TAP tests (Kafka stand-in, crashes)
 #   test/run-all                  everything CI runs: packages, build, all tests
 #   make dist                     the PGXN distribution, obx-<version>.zip
@@ -31,7 +32,15 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-all: tools/obx-kafka-mock
+all: tools/obx-kafka-mock obx-sql-only.sql
+
+# The SQL-only install (docs/operations.md, "Managed PostgreSQL"): the
+# extension's scripts with its C functions in SQL (tools/gen-sql-only).
+obx-sql-only.sql: obx.control $(DATA) src/sql_only/functions.sql src/base/kafka_conf.c tools/gen-sql-only
+	$(srcdir)/tools/gen-sql-only $(srcdir) > $@.tmp && mv $@.tmp $@
+
+sql-only-check: obx-sql-only.sql
+	BINDIR="$(bindir)" PGXS_DIR="$(dir $(PGXS))../.." $(srcdir)/test/sql-only-check
 
 # PGXS tracks no header dependencies: rebuild everything when one changes.
 $(OBJS): $(wildcard src/*/*.h)
@@ -53,9 +62,9 @@ prove:
 clean: clean-local
 clean-local:
 	$(MAKE) -C tools clean
-	rm -rf test/results test/tmp_check tmp_check
+	rm -rf test/results test/tmp_check tmp_check test/sql_only obx-sql-only.sql
 
-.PHONY: prove clean-local
+.PHONY: prove sql-only-check clean-local
 
 # PGXN: the distribution is the committed tree (git archive HEAD) under one
 # directory, named after META.json's version (test/meta-check keeps that

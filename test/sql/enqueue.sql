@@ -81,10 +81,12 @@ SELECT obx.enqueue('payments.captured', 'k', '{}');
 \echo :SQLSTATE
 SELECT obx.enqueue('inventory.reserved.v1', 'k', '{}');
 \echo :SQLSTATE
+-- (extension only: the rights on obx's settings)
 -- The allow-list is server configuration: a session cannot widen it.
 SET obx.topics = '*';
 \echo :SQLSTATE
 SHOW obx.topics;
+-- (end extension only)
 
 --
 -- An explicit event id.

@@ -68,3 +68,40 @@ SELECT count(*) AS marks_of_failed_tx FROM obx.processed_events
 
 SELECT consumer_name, count(*) AS events
   FROM obx.processed_events GROUP BY consumer_name ORDER BY consumer_name COLLATE "C";
+
+--
+-- Who may mark: the consumer name belongs to the first role that marks for
+-- it; another role is refused, a member of the owner role acts for it.
+-- The caller is the role the statement runs as (SET ROLE included), in
+-- both installs.
+--
+CREATE ROLE regress_mark_bob;
+CREATE ROLE regress_mark_mallory;
+CREATE ROLE regress_mark_deputy IN ROLE regress_mark_bob;
+GRANT USAGE ON SCHEMA obx TO regress_mark_bob, regress_mark_mallory, regress_mark_deputy;
+GRANT EXECUTE ON FUNCTION obx.mark_processed(text, text)
+	TO regress_mark_bob, regress_mark_mallory, regress_mark_deputy;
+SET ROLE regress_mark_bob;
+SELECT obx.mark_processed('shipping', 'evt_1') AS bob_first;
+RESET ROLE;
+SELECT owner FROM obx.consumer_owners WHERE consumer_name = 'shipping';
+SET ROLE regress_mark_mallory;
+SELECT obx.mark_processed('shipping', 'evt_2');
+\echo :SQLSTATE
+-- Refused, it leaves no mark for the owner's consumer to skip.
+RESET ROLE;
+SELECT count(*) AS evt_2_marks FROM obx.processed_events WHERE event_id = 'evt_2';
+SET ROLE regress_mark_deputy;
+SELECT obx.mark_processed('shipping', 'evt_2') AS deputy_first;
+SELECT obx.mark_processed('shipping', 'evt_1') AS deputy_duplicate;
+RESET ROLE;
+-- A superuser may act for any consumer, and claims no name by doing so.
+SELECT obx.mark_processed('shipping', 'evt_3') AS superuser_first;
+SELECT obx.mark_processed('unclaimed', 'evt_1') AS superuser_unclaimed;
+SELECT count(*) AS unclaimed_owners FROM obx.consumer_owners WHERE consumer_name = 'unclaimed';
+DELETE FROM obx.processed_events WHERE consumer_name IN ('shipping', 'unclaimed');
+DELETE FROM obx.consumer_owners WHERE consumer_name = 'shipping';
+REVOKE ALL ON FUNCTION obx.mark_processed(text, text)
+	FROM regress_mark_bob, regress_mark_mallory, regress_mark_deputy;
+REVOKE USAGE ON SCHEMA obx FROM regress_mark_bob, regress_mark_mallory, regress_mark_deputy;
+DROP ROLE regress_mark_deputy, regress_mark_mallory, regress_mark_bob;

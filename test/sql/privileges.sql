@@ -124,6 +124,7 @@ SELECT * FROM obx.quarantine;
 \echo :SQLSTATE
 SELECT * FROM obx.workers;
 \echo :SQLSTATE
+-- (extension only: the rights on obx's settings)
 -- Server-side limits are not the application's to change.
 SET obx.max_payload_size = '2MB';
 \echo :SQLSTATE
@@ -133,6 +134,7 @@ SHOW obx.max_payload_size;
 SHOW obx.kafka_properties;
 \echo :SQLSTATE
 \set VERBOSITY default
+-- (end extension only)
 RESET ROLE;
 
 --
