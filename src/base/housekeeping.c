@@ -28,6 +28,7 @@
 #include "turns.h"
 #include "worker.h"
 #include "housekeeping.h"
+#include "protocol.h"
 
 #define OBX_PURGE_BATCH 1000
 
@@ -105,7 +106,7 @@ rotate_outbox(void)
 	int rc;
 
 	args[0] = Float8GetDatum((double) obx_retention_s);
-	rc = SPI_execute_with_args("SELECT obx._rotate($1)", 1, types, args, NULL, false, 1);
+	rc = SPI_execute_with_args(OBX_SQL_ROTATE, 1, types, args, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "obx outbox rotation failed: %s", SPI_result_code_string(rc));
 	done = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);

@@ -38,6 +38,7 @@
 #include "obx.h"
 #include "kafka_conf.h"
 #include "worker.h"
+#include "protocol.h"
 
 /*
  * obx_worker_register
@@ -105,21 +106,7 @@ detach_consumer(int code, Datum arg)
 static void
 pin_settings(void)
 {
-	static const char *const pinned[][2] = {
-		{"search_path", "pg_catalog, pg_temp"},
-		{"default_transaction_read_only", "off"},
-		{"default_transaction_isolation", "read committed"},
-		{"default_transaction_deferrable", "off"},
-		{"statement_timeout", "0"},
-		{"lock_timeout", "0"},
-		{"idle_in_transaction_session_timeout", "0"},
-		{"idle_session_timeout", "0"},
-		{"session_replication_role", "origin"},
-		{"transform_null_equals", "off"},
-		{"standard_conforming_strings", "on"},
-		{"synchronous_commit", "on"},
-		{"jit", "off"},
-	};
+	static const char *const pinned[][2] = OBX_PINNED_SETTINGS;
 	int i;
 
 	for (i = 0; i < lengthof(pinned); i++)

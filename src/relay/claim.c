@@ -62,6 +62,7 @@
 #include "turns.h"
 #include "worker.h"
 #include "outbox.h"
+#include "protocol.h"
 
 /* A floor past every seq: every event the tick's snapshot saw is published. */
 #define OBX_FLOOR_NONE PG_INT64_MAX
@@ -71,81 +72,6 @@ static SPIPlanPtr tick_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr floor_plan = NULL;
 static SPIPlanPtr lease_plan = NULL;
-
-/* The claim lock is taken first (obx_claim_lock), then the lease id is drawn. */
-static const char *lease_id_sql = "SELECT pg_catalog.nextval('obx.lease_seq')";
-
-/* The tick the claim starts from: the latest claim's floor, snapshot, id. */
-static const char *tick_sql = "SELECT t.floor, t.snap, t.tick FROM obx._tick() t";
-
-/*
- * The claimable events in seq order ($1: obx.quarantine_blocks_key, $2:
- * obx.batch_size, $3-$5: the tick), each with its payload as stored and
- * its inserting transaction (NULL for an event claimed from
- * obx.event_states: it failed, or was published, before).  Each part is
- * read in seq order up to the batch size, but for the late committers:
- * they are few, and found on the xid index, which an ORDER BY seq ... LIMIT
- * would trade for a walk of the seq index below the floor (the floor's
- * min(seq + 0) avoids the same).
- */
-static const char *claim_sql =
-	"WITH blocked AS MATERIALIZED ("
-	"  SELECT k.topic, k.event_key"
-	"    FROM obx._live_leases($3, $5) l,"
-	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"
-	"           AS k(topic, event_key)"
-	"  UNION"
-	"  SELECT s.topic, s.event_key"
-	"    FROM obx.event_states s"
-	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"
-	"     AND (s.next_attempt_at > pg_catalog.now()"
-	"          OR (s.quarantined_at IS NOT NULL AND $1))"
-	")"
-	"SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"
-	"       c.event_type, c.attempts,"
-	"       CASE WHEN c.headers IS NOT NULL THEN"
-	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"
-	"            FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"
-	"       c.xid, c.occurred_at"
-	"  FROM ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"
-	"                0 AS attempts, u.headers, u.xid, u.occurred_at"
-	"           FROM obx._unpublished_from($3, $5) u"
-	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
-	"          ORDER BY u.seq LIMIT $2)"
-	"        UNION ALL"
-	"        (SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"
-	"                0, u.headers, u.xid, u.occurred_at"
-	"           FROM obx._unpublished_late($3, $4, $5) u"
-	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked))"
-	"        UNION ALL"
-	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"
-	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at"
-	"           FROM obx.event_states s"
-	"          WHERE s.published_at IS NULL AND s.skipped_at IS NULL"
-	"            AND s.quarantined_at IS NULL"
-	"            AND s.next_attempt_at <= pg_catalog.now()"
-	"            AND (s.topic, s.event_key) NOT IN (SELECT topic, event_key FROM blocked)"
-	"          ORDER BY s.seq LIMIT $2)) c"
-	" ORDER BY c.seq"
-	" LIMIT $2";
-
-/*
- * The new tick, under the claim's snapshot: the lowest unpublished seq
- * (the events just claimed included: they are not published yet), and
- * the snapshot itself.
- */
-static const char *floor_sql =
-	"SELECT coalesce(least((SELECT u.seq FROM obx._unpublished_from($1, $3) u"
-	"                        ORDER BY u.seq LIMIT 1),"
-	"                      (SELECT pg_catalog.min(u.seq + 0) FROM obx._unpublished_late($1, $2, $3) u)),"
-	"                $4),"
-	"       pg_catalog.pg_current_snapshot()";
-
-/* The claim's row: its lease (none for a tick alone) and its tick. */
-static const char *lease_sql =
-	"INSERT INTO obx.claims (lease_id, owner, until, snap, floor, max_seq, ids, topics, keys)"
-	" VALUES ($1, $2, pg_catalog.now() + pg_catalog.make_interval(secs => $3),"
-	"         $4, $5, $6, $7, $8, $9)";
 
 /* The tick a claim starts from, and the one it leaves. */
 typedef struct ClaimTick
@@ -193,11 +119,11 @@ claim_prepare_plans(void)
 
 	if (claim_plan != NULL)
 		return;
-	lease_id_plan = obx_prepare_kept_generic(lease_id_sql, 0, NULL);
-	tick_plan = obx_prepare_kept_generic(tick_sql, 0, NULL);
-	claim_plan = obx_prepare_kept_generic(claim_sql, 5, claim_types);
-	floor_plan = obx_prepare_kept_generic(floor_sql, 4, floor_types);
-	lease_plan = obx_prepare_kept_generic(lease_sql, 9, lease_types);
+	lease_id_plan = obx_prepare_kept_generic(OBX_SQL_LEASE_ID, 0, NULL);
+	tick_plan = obx_prepare_kept_generic(OBX_SQL_TICK, 0, NULL);
+	claim_plan = obx_prepare_kept_generic(OBX_SQL_CLAIM, 5, claim_types);
+	floor_plan = obx_prepare_kept_generic(OBX_SQL_FLOOR, 4, floor_types);
+	lease_plan = obx_prepare_kept_generic(OBX_SQL_LEASE, 9, lease_types);
 }
 
 static char *

@@ -10,6 +10,7 @@
 #define OBX_KAFKA_H
 
 #include "outbox.h"
+#include "kafka_errors.h"
 
 typedef struct ObxProducer ObxProducer;
 
@@ -22,9 +23,5 @@ extern void obx_kafka_serve(ObxProducer *producer);
 extern void obx_kafka_purge(ObxProducer *producer);
 extern bool obx_kafka_broken(ObxProducer *producer);
 extern bool obx_kafka_brokers_down(ObxProducer *producer);
-extern bool obx_kafka_timed_out(int err);
-extern const char *obx_kafka_error_name(int err);
-extern const char *obx_kafka_error_text(int err);
-extern const char *obx_error_class_name(ObxErrorClass cls);
 
 #endif /* OBX_KAFKA_H */

@@ -44,6 +44,7 @@
 #include "turns.h"
 #include "worker.h"
 #include "outbox.h"
+#include "protocol.h"
 
 /* Failed events of one batch logged one by one; the rest are counted. */
 #define OBX_LOGGED_FAILURES 10
@@ -55,86 +56,6 @@ static SPIPlanPtr failed_plan = NULL;
 static SPIPlanPtr live_plan = NULL;
 static SPIPlanPtr renew_plan = NULL;
 static SPIPlanPtr claim_lock_plan = NULL;
-
-static const char *claim_lock_sql = "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)";
-
-/*
- * The batch's record: the events delivered, where they landed and when the
- * worker received Kafka's acknowledgement.  No lease check: a delivery is
- * a fact, whoever reports it (a stale worker's late report included).  An
- * empty record releases the batch.
- */
-static const char *record_sql =
-	"INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets, published_at)"
-	" VALUES ($5, $6, $1, $2, $3, $4)";
-
-/*
- * Delivered events that have a state (failed, quarantined or replayed
- * before): published now.  For every delivered event, not only those
- * claimed from obx.event_states: a stalled worker's late report of an
- * event quarantined meanwhile publishes it for good (an acknowledgement
- * always wins).  The table holds only the few events that failed.
- */
-static const char *held_published_sql =
-	"UPDATE obx.event_states s"
-	"   SET published_at = d.t, attempts = s.attempts + 1, quarantined_at = NULL,"
-	"       next_attempt_at = '-infinity'"
-	"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"
-	"                  pg_catalog.unnest($2::pg_catalog.timestamptz[])) AS d(id, t)"
-	" WHERE s.id = d.id AND s.published_at IS NULL";
-
-/* Whether the batch's lease is still live, under the claim lock. */
-static const char *live_sql =
-	"SELECT 1 FROM obx.claims c"
-	" WHERE c.lease_id = $1 AND c.ids IS NOT NULL"
-	"   AND NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)"
-	"   AND greatest(c.until,"
-	"         (SELECT pg_catalog.max(n.until) FROM obx.renewals n WHERE n.lease_id = c.lease_id))"
-	"       >= pg_catalog.clock_timestamp()";
-
-/* Failed events not held yet: copied into obx.event_states. */
-static const char *hold_sql = "SELECT obx._hold($1)";
-
-/*
- * A failed event backs off exponentially from obx.backoff_min to
- * obx.backoff_max.  It is quarantined when its error is permanent, or
- * unclassified and it has failed that way obx.max_attempts times (failures
- * counts only those: transient errors never quarantine, however long an
- * outage lasts).  A quarantined event has no backoff, so with
- * obx.quarantine_blocks_key off its key moves on at once.  Run only while
- * the batch's lease is still live (live_sql), so a worker whose lease
- * ran out cannot undo a newer claim.  attempts is the attempts that ended,
- * this one included after the update: the n-th failure waits
- * obx.backoff_min * 2^(n-1).  An attempt that timed out ($7: librdkafka
- * gave up after obx.delivery_timeout, as when every broker is down) has
- * waited already and is due again at once: while the brokers are away its
- * event then waits inside librdkafka, which sends it as soon as a broker
- * answers, instead of in a backoff that outlasts the outage.
- */
-#define QUARANTINE_NOW \
-	"(d.cls = 'permanent' OR (d.cls = 'other' AND s.failures + 1 >= $2))"
-static const char *failed_sql =
-	"UPDATE obx.event_states s"
-	"   SET last_error = d.msg, last_error_class = d.cls, last_error_at = pg_catalog.now(),"
-	"       failures = s.failures + (d.cls <> 'transient')::pg_catalog.int4,"
-	"       attempts = s.attempts + 1,"
-	"       quarantined_at = CASE WHEN " QUARANTINE_NOW " THEN pg_catalog.now() END,"
-	"       next_attempt_at = CASE WHEN " QUARANTINE_NOW " THEN '-infinity'"
-	"           WHEN d.timed_out THEN pg_catalog.now()"
-	"           ELSE pg_catalog.now() + pg_catalog.make_interval(secs =>"
-	"               least($4::pg_catalog.float8,"
-	"                     $3::pg_catalog.float8 * pg_catalog.power(2, least(s.attempts, 40))) / 1000)"
-	"           END"
-	"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"
-	"                  pg_catalog.unnest($5::pg_catalog.text[]),"
-	"                  pg_catalog.unnest($6::pg_catalog.text[]),"
-	"                  pg_catalog.unnest($7::pg_catalog.bool[])) AS d(id, cls, msg, timed_out)"
-	" WHERE s.id = d.id AND s.published_at IS NULL"
-	" RETURNING s.id::pg_catalog.text, s.topic, s.quarantined_at IS NOT NULL, s.next_attempt_at";
-
-static const char *renew_sql =
-	"INSERT INTO obx.renewals (lease_id, until)"
-	" VALUES ($1, pg_catalog.now() + pg_catalog.make_interval(secs => $2))";
 
 static Datum
 uuid_array(ObxEvent **events, int n)
@@ -166,12 +87,12 @@ record_prepare_plans(void)
 
 	if (renew_plan != NULL)
 		return;
-	record_plan = obx_prepare_kept_generic(record_sql, 6, record_types);
-	held_published_plan = obx_prepare_kept(held_published_sql, 2, held_types);
-	hold_plan = obx_prepare_kept(hold_sql, 1, hold_types);
-	failed_plan = obx_prepare_kept(failed_sql, 7, failed_types);
-	live_plan = obx_prepare_kept(live_sql, 1, lease_types);
-	renew_plan = obx_prepare_kept_generic(renew_sql, 2, renew_types);
+	record_plan = obx_prepare_kept_generic(OBX_SQL_RECORD, 6, record_types);
+	held_published_plan = obx_prepare_kept(OBX_SQL_HELD_PUBLISHED, 2, held_types);
+	hold_plan = obx_prepare_kept(OBX_SQL_HOLD, 1, hold_types);
+	failed_plan = obx_prepare_kept(OBX_SQL_FAILED, 7, failed_types);
+	live_plan = obx_prepare_kept(OBX_SQL_LIVE, 1, lease_types);
+	renew_plan = obx_prepare_kept_generic(OBX_SQL_RENEW, 2, renew_types);
 }
 
 /*
@@ -189,7 +110,7 @@ obx_claim_lock(void)
 	int rc;
 
 	if (claim_lock_plan == NULL)
-		claim_lock_plan = obx_prepare_kept_generic(claim_lock_sql, 2, types);
+		claim_lock_plan = obx_prepare_kept_generic(OBX_SQL_CLAIM_LOCK, 2, types);
 	rc = SPI_execute_plan(claim_lock_plan, args, NULL, false, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "obx could not take the claim lock: %s", SPI_result_code_string(rc));

@@ -19,6 +19,8 @@
 #include "datatype/timestamp.h"
 #include "utils/uuid.h"
 
+#include "kafka_errors.h"
+
 /*
  * A claim stops taking events once their payloads reach this many bytes
  * (the event that crosses it included), whatever obx.batch_size says: a
@@ -26,14 +28,6 @@
  * copy of them.
  */
 #define OBX_BATCH_BYTES (16 * 1024 * 1024)
-
-/*
- * Advisory lock key serializing claims, and the steps that must agree with
- * them on whether a lease is live: ("obx" in ASCII, 1).  obx._rotate
- * (obx--1.0--1.1.sql) takes it too, as 7299704.
- */
-#define OBX_CLAIM_LOCK_CLASS  0x6f6278
-#define OBX_CLAIM_LOCK_OBJECT 1
 
 /*
  * How a publish attempt ended for one event.
@@ -45,17 +39,6 @@ typedef enum ObxOutcome
 	OBX_OUTCOME_DELIVERED,  /* acknowledged by the broker */
 	OBX_OUTCOME_FAILED      /* failed; see err and error class */
 } ObxOutcome;
-
-/*
- * Error classes recorded in last_error_class and used for the decision
- * between backing off and quarantining.
- */
-typedef enum ObxErrorClass
-{
-	OBX_ERROR_TRANSIENT, /* broker or network trouble: retry forever */
-	OBX_ERROR_PERMANENT, /* this event can never be accepted as is */
-	OBX_ERROR_OTHER      /* unknown: retry up to obx.max_attempts */
-} ObxErrorClass;
 
 /*
  * One claimed event.  Strings live in the worker's per-batch memory context.

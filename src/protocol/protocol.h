@@ -1,0 +1,216 @@
+/*-------------------------------------------------------------------------
+ *
+ * protocol.h
+ *	  The relay's protocol with the database: every statement of the claim,
+ *	  the record, the release and the renewal, defined once and run by both
+ *	  runtimes, the in-database relay (src/relay/claim.c, outbox.c, through
+ *	  SPI) and obx-relay (src/daemon/, through libpq).  Plain C, no
+ *	  PostgreSQL header: the daemon includes it too.
+ *
+ * The claim lock serializes claims, and the steps that must agree with
+ * them on whether a lease is live: pg_advisory_xact_lock in a step, or
+ * pg_advisory_lock around a step's transaction in obx-relay (whose claim
+ * takes its snapshot after the lock).  Either kind excludes the other.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OBX_PROTOCOL_H
+#define OBX_PROTOCOL_H
+
+/*
+ * The claim lock's advisory lock key: ("obx" in ASCII, 1).  obx._rotate
+ * (obx--1.0--1.1.sql) takes it too, as 7299704.
+ */
+#define OBX_CLAIM_LOCK_CLASS  0x6f6278
+#define OBX_CLAIM_LOCK_OBJECT 1
+
+/* The claim lock is taken first (obx_claim_lock), then the lease id is drawn. */
+#define OBX_SQL_LEASE_ID "SELECT pg_catalog.nextval('obx.lease_seq')"
+
+/* The tick the claim starts from: the latest claim's floor, snapshot, id. */
+#define OBX_SQL_TICK "SELECT t.floor, t.snap, t.tick FROM obx._tick() t"
+
+/*
+ * The claimable events in seq order ($1: obx.quarantine_blocks_key, $2:
+ * obx.batch_size, $3-$5: the tick), each with its payload as stored and
+ * its inserting transaction (NULL for an event claimed from
+ * obx.event_states: it failed, or was published, before).  Each part is
+ * read in seq order up to the batch size, but for the late committers:
+ * they are few, and found on the xid index, which an ORDER BY seq ... LIMIT
+ * would trade for a walk of the seq index below the floor (the floor's
+ * min(seq + 0) avoids the same).
+ */
+#define OBX_SQL_CLAIM                                                                       \
+	"WITH blocked AS MATERIALIZED ("                                                        \
+	"  SELECT k.topic, k.event_key"                                                         \
+	"    FROM obx._live_leases($3, $5) l,"                                                  \
+	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"           \
+	"           AS k(topic, event_key)"                                                     \
+	"  UNION"                                                                               \
+	"  SELECT s.topic, s.event_key"                                                         \
+	"    FROM obx.event_states s"                                                           \
+	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                              \
+	"     AND (s.next_attempt_at > pg_catalog.now()"                                        \
+	"          OR (s.quarantined_at IS NOT NULL AND $1))"                                   \
+	")"                                                                                     \
+	"SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"                                  \
+	"       c.event_type, c.attempts,"                                                      \
+	"       CASE WHEN c.headers IS NOT NULL THEN"                                           \
+	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"                          \
+	"            FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"          \
+	"       c.xid, c.occurred_at"                                                           \
+	"  FROM ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"           \
+	"                0 AS attempts, u.headers, u.xid, u.occurred_at"                        \
+	"           FROM obx._unpublished_from($3, $5) u"                                       \
+	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)"  \
+	"          ORDER BY u.seq LIMIT $2)"                                                    \
+	"        UNION ALL"                                                                     \
+	"        (SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"           \
+	"                0, u.headers, u.xid, u.occurred_at"                                    \
+	"           FROM obx._unpublished_late($3, $4, $5) u"                                   \
+	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked))" \
+	"        UNION ALL"                                                                     \
+	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"           \
+	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at"           \
+	"           FROM obx.event_states s"                                                    \
+	"          WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                       \
+	"            AND s.quarantined_at IS NULL"                                              \
+	"            AND s.next_attempt_at <= pg_catalog.now()"                                 \
+	"            AND (s.topic, s.event_key) NOT IN (SELECT topic, event_key FROM blocked)"  \
+	"          ORDER BY s.seq LIMIT $2)) c"                                                 \
+	" ORDER BY c.seq"                                                                       \
+	" LIMIT $2"
+
+/*
+ * The new tick, under the claim's snapshot: the lowest unpublished seq
+ * (the events just claimed included: they are not published yet), and
+ * the snapshot itself.
+ */
+#define OBX_SQL_FLOOR                                                                                     \
+	"SELECT coalesce(least((SELECT u.seq FROM obx._unpublished_from($1, $3) u"                            \
+	"                        ORDER BY u.seq LIMIT 1),"                                                    \
+	"                      (SELECT pg_catalog.min(u.seq + 0) FROM obx._unpublished_late($1, $2, $3) u))," \
+	"                $4),"                                                                                \
+	"       pg_catalog.pg_current_snapshot()"
+
+/* The claim's row: its lease (none for a tick alone) and its tick. */
+#define OBX_SQL_LEASE                                                                          \
+	"INSERT INTO obx.claims (lease_id, owner, until, snap, floor, max_seq, ids, topics, keys)" \
+	" VALUES ($1, $2, pg_catalog.now() + pg_catalog.make_interval(secs => $3),"                \
+	"         $4, $5, $6, $7, $8, $9)"
+
+#define OBX_SQL_CLAIM_LOCK "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)"
+
+/*
+ * The batch's record: the events delivered, where they landed and when the
+ * worker received Kafka's acknowledgement.  No lease check: a delivery is
+ * a fact, whoever reports it (a stale worker's late report included).  An
+ * empty record releases the batch.
+ */
+#define OBX_SQL_RECORD                                                                    \
+	"INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets, published_at)" \
+	" VALUES ($5, $6, $1, $2, $3, $4)"
+
+/*
+ * Delivered events that have a state (failed, quarantined or replayed
+ * before): published now.  For every delivered event, not only those
+ * claimed from obx.event_states: a stalled worker's late report of an
+ * event quarantined meanwhile publishes it for good (an acknowledgement
+ * always wins).  The table holds only the few events that failed.
+ */
+#define OBX_SQL_HELD_PUBLISHED                                                       \
+	"UPDATE obx.event_states s"                                                      \
+	"   SET published_at = d.t, attempts = s.attempts + 1, quarantined_at = NULL,"   \
+	"       next_attempt_at = '-infinity'"                                           \
+	"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"                    \
+	"                  pg_catalog.unnest($2::pg_catalog.timestamptz[])) AS d(id, t)" \
+	" WHERE s.id = d.id AND s.published_at IS NULL"
+
+/* Whether the batch's lease is still live, under the claim lock. */
+#define OBX_SQL_LIVE                                                                               \
+	"SELECT 1 FROM obx.claims c"                                                                   \
+	" WHERE c.lease_id = $1 AND c.ids IS NOT NULL"                                                 \
+	"   AND NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)"                \
+	"   AND greatest(c.until,"                                                                     \
+	"         (SELECT pg_catalog.max(n.until) FROM obx.renewals n WHERE n.lease_id = c.lease_id))" \
+	"       >= pg_catalog.clock_timestamp()"
+
+/* Failed events not held yet: copied into obx.event_states. */
+#define OBX_SQL_HOLD "SELECT obx._hold($1)"
+
+/*
+ * A failed event backs off exponentially from obx.backoff_min to
+ * obx.backoff_max.  It is quarantined when its error is permanent, or
+ * unclassified and it has failed that way obx.max_attempts times (failures
+ * counts only those: transient errors never quarantine, however long an
+ * outage lasts).  A quarantined event has no backoff, so with
+ * obx.quarantine_blocks_key off its key moves on at once.  Run only while
+ * the batch's lease is still live (live_sql), so a worker whose lease
+ * ran out cannot undo a newer claim.  attempts is the attempts that ended,
+ * this one included after the update: the n-th failure waits
+ * obx.backoff_min * 2^(n-1).  An attempt that timed out ($7: librdkafka
+ * gave up after obx.delivery_timeout, as when every broker is down) has
+ * waited already and is due again at once: while the brokers are away its
+ * event then waits inside librdkafka, which sends it as soon as a broker
+ * answers, instead of in a backoff that outlasts the outage.
+ */
+#define OBX_SQL_QUARANTINE_NOW \
+	"(d.cls = 'permanent' OR (d.cls = 'other' AND s.failures + 1 >= $2))"
+#define OBX_SQL_FAILED                                                                                 \
+	"UPDATE obx.event_states s"                                                                        \
+	"   SET last_error = d.msg, last_error_class = d.cls, last_error_at = pg_catalog.now(),"           \
+	"       failures = s.failures + (d.cls <> 'transient')::pg_catalog.int4,"                          \
+	"       attempts = s.attempts + 1,"                                                                \
+	"       quarantined_at = CASE WHEN " OBX_SQL_QUARANTINE_NOW " THEN pg_catalog.now() END,"          \
+	"       next_attempt_at = CASE WHEN " OBX_SQL_QUARANTINE_NOW " THEN '-infinity'"                   \
+	"           WHEN d.timed_out THEN pg_catalog.now()"                                                \
+	"           ELSE pg_catalog.now() + pg_catalog.make_interval(secs =>"                              \
+	"               least($4::pg_catalog.float8,"                                                      \
+	"                     $3::pg_catalog.float8 * pg_catalog.power(2, least(s.attempts, 40))) / 1000)" \
+	"           END"                                                                                   \
+	"  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.uuid[]),"                                      \
+	"                  pg_catalog.unnest($5::pg_catalog.text[]),"                                      \
+	"                  pg_catalog.unnest($6::pg_catalog.text[]),"                                      \
+	"                  pg_catalog.unnest($7::pg_catalog.bool[])) AS d(id, cls, msg, timed_out)"        \
+	" WHERE s.id = d.id AND s.published_at IS NULL"                                                    \
+	" RETURNING s.id::pg_catalog.text, s.topic, s.quarantined_at IS NOT NULL, s.next_attempt_at"
+
+#define OBX_SQL_RENEW                            \
+	"INSERT INTO obx.renewals (lease_id, until)" \
+	" VALUES ($1, pg_catalog.now() + pg_catalog.make_interval(secs => $2))"
+
+/*
+ * One step of the outbox's rotation ($1: obx.retention in seconds): mark a
+ * generation published, truncate one past the retention, or start a new
+ * one (obx._rotate, obx--1.0--1.1.sql).
+ */
+#define OBX_SQL_ROTATE "SELECT obx._rotate($1)"
+
+/*
+ * The settings every session of a relay runs with, whatever a role or
+ * database sets: src/base/worker.c (pin_settings) says why each.  obx-relay
+ * sets them in its sessions too; one only a superuser may set
+ * (session_replication_role) it checks instead.
+ */
+#define OBX_PINNED_SETTINGS                                      \
+	{                                                            \
+		{"search_path", "pg_catalog, pg_temp"},                  \
+			{"default_transaction_read_only", "off"},            \
+			{"default_transaction_isolation", "read committed"}, \
+			{"default_transaction_deferrable", "off"},           \
+			{"statement_timeout", "0"},                          \
+			{"lock_timeout", "0"},                               \
+			{"idle_in_transaction_session_timeout", "0"},        \
+			{"idle_session_timeout", "0"},                       \
+			{"session_replication_role", "origin"},              \
+			{"transform_null_equals", "off"},                    \
+			{"standard_conforming_strings", "on"},               \
+			{"synchronous_commit", "on"},                        \
+			{"jit", "off"},                                      \
+	}
+
+/* The claim lock around a transaction of obx-relay: see above. */
+#define OBX_SQL_CLAIM_LOCK_SESSION   "SELECT pg_catalog.pg_advisory_lock($1, $2)"
+#define OBX_SQL_CLAIM_UNLOCK_SESSION "SELECT pg_catalog.pg_advisory_unlock($1, $2)"
+
+#endif /* OBX_PROTOCOL_H */
