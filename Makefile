@@ -32,7 +32,16 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-all: tools/obx-kafka-mock obx-sql-only.sql
+all: tools/obx-kafka-mock obx-sql-only.sql obx-relay
+
+# obx-relay, the relay as a daemon (src/daemon/): libpq and librdkafka, the
+# protocol's statements and Kafka error classes shared with the extension.
+OBX_RELAY_SRCS = src/daemon/obx_relay.c src/protocol/kafka_errors.c
+obx-relay: $(OBX_RELAY_SRCS) $(wildcard src/protocol/*.h)
+	$(CC) -std=gnu99 -O2 -g -Wall -Wextra -Wmissing-prototypes -Werror \
+		-I$(srcdir)/src/protocol -I$(shell $(PG_CONFIG) --includedir) \
+		-o $@ $(OBX_RELAY_SRCS) -L$(shell $(PG_CONFIG) --libdir) \
+		-Wl,-rpath,$(shell $(PG_CONFIG) --libdir) -lpq -lrdkafka
 
 # The SQL-only install (docs/operations.md, "Managed PostgreSQL"): the
 # extension's scripts with its C functions in SQL (tools/gen-sql-only).
@@ -56,13 +65,14 @@ PROVE := $(or $(PROVE),prove)
 TAP_PERL_LIB ?= $(or $(wildcard $(top_srcdir)/src/test/perl),/usr/lib/postgresql/15/lib/pgxs/src/test/perl)
 prove:
 	PATH="$(bindir):$$PATH" PG_REGRESS="$(top_builddir)/src/test/regress/pg_regress" \
-		OBX_MOCK="$(CURDIR)/tools/obx-kafka-mock" \
+		OBX_MOCK="$(CURDIR)/tools/obx-kafka-mock" OBX_RELAY="$(CURDIR)/obx-relay" \
+		OBX_SQL_ONLY="$(CURDIR)/obx-sql-only.sql" \
 		$(PROVE) $(PROVE_FLAGS) -I $(TAP_PERL_LIB) -I t/lib $(PROVE_TESTS)
 
 clean: clean-local
 clean-local:
 	$(MAKE) -C tools clean
-	rm -rf test/results test/tmp_check tmp_check test/sql_only obx-sql-only.sql
+	rm -rf test/results test/tmp_check tmp_check test/sql_only obx-sql-only.sql obx-relay
 
 .PHONY: prove sql-only-check clean-local
 

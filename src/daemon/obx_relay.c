@@ -1,0 +1,1562 @@
+/*-------------------------------------------------------------------------
+ *
+ * obx_relay.c
+ *	  obx-relay: the relay as a standalone daemon, for a PostgreSQL that
+ *	  cannot load obx's library (the SQL-only install, obx-sql-only.sql)
+ *	  or where the relay should run on another host.  It runs the same
+ *	  claim / produce / record protocol as the in-database relay, with the
+ *	  same statements (src/protocol/protocol.h), over libpq, against one or
+ *	  more databases, as a role that holds obx_worker's grants and nothing
+ *	  more (docs/security.md, "The workers").
+ *
+ *	  obx-relay [--config FILE] [--check]
+ *
+ * Settings come from the file, then from the environment (OBX_RELAY_<NAME>,
+ * and OBX_RELAY_KAFKA_<NAME> for a librdkafka property, "_" standing for
+ * "."); docs/operations.md, "Managed PostgreSQL", lists them.  SIGHUP
+ * reads them again; SIGTERM and SIGINT stop it once the batch in flight is
+ * recorded.
+ *
+ * One batch at a time per database, in turn: claim (a REPEATABLE READ
+ * transaction inside the claim lock, committed synchronously, which flushes
+ * the WAL past every commit it saw: the events it took are durable before
+ * any is produced), produce with librdkafka (idempotent, acks=all), wait for
+ * every delivery report with no transaction open (renewing the lease in a
+ * statement of its own when the wait is long), then record (one short
+ * transaction).  A daemon that dies leaves its leases to expire after
+ * lease_timeout; their events are then claimed again and re-sent with the
+ * same ids.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
+
+#include "kafka_errors.h"
+#include "protocol.h"
+
+#define MAX_DATABASES   16
+#define MAX_KAFKA_PROPS 64
+/* A claim stops taking rows once their payloads pass this (claim.c's cap). */
+#define BATCH_BYTES     (16 * 1024 * 1024)
+/* A floor past every seq (claim.c's OBX_FLOOR_NONE). */
+#define FLOOR_NONE      "9223372036854775807"
+/* Seconds from the Unix epoch to PostgreSQL's (2000-01-01). */
+#define PG_EPOCH_OFFSET 946684800LL
+
+/* Type oids of the statements' parameters. */
+#define BOOLOID       16
+#define INT8OID       20
+#define INT4OID       23
+#define TEXTOID       25
+#define FLOAT8OID     701
+#define BOOLARRAYOID  1000
+#define INT4ARRAYOID  1007
+#define TEXTARRAYOID  1009
+#define INT8ARRAYOID  1016
+#define TSTZARRAYOID  1185
+#define UUIDARRAYOID  2951
+#define PGSNAPSHOTOID 5038
+
+typedef struct Config
+{
+	char *databases[MAX_DATABASES];
+	int ndatabases;
+	char *brokers;
+	char *kafka_names[MAX_KAFKA_PROPS];
+	char *kafka_values[MAX_KAFKA_PROPS];
+	int nkafka;
+	int batch_size;
+	int poll_interval_ms;
+	int lease_timeout_s;
+	int delivery_timeout_ms;
+	int max_attempts;
+	int backoff_min_ms;
+	int backoff_max_ms;
+	bool quarantine_blocks_key;
+	int retention_s;
+	int relay_id;
+} Config;
+
+typedef enum Outcome
+{
+	UNSENT = 0,
+	IN_FLIGHT,
+	DELIVERED,
+	FAILED
+} Outcome;
+
+typedef struct Event
+{
+	char id[37];
+	char *topic;
+	char *key;
+	const char *payload; /* NULL: a tombstone */
+	size_t payload_len;
+	char *event_type;
+	int nheaders;
+	char **header_names;
+	char **header_values;
+	Outcome outcome;
+	int err;
+	bool refused_locally;
+	int partition;
+	long long offset;
+	long long acked_us; /* microseconds since the Unix epoch */
+} Event;
+
+typedef struct Batch
+{
+	long long lease_id;
+	long long max_seq;
+	int nevents;
+	Event *events;
+	int in_flight;
+	bool full;
+	PGresult *rows; /* the claim's rows, which the events point into */
+} Batch;
+
+typedef struct Database
+{
+	const char *conninfo;
+	PGconn *conn;
+	time_t retry_at;
+	time_t rotate_at;
+} Database;
+
+static Config config;
+static const char *config_file = NULL;
+static volatile sig_atomic_t stop_requested = 0;
+static volatile sig_atomic_t reload_requested = 0;
+
+static void
+say(const char *level, const char *fmt, ...)
+{
+	char stamp[32];
+	struct timeval tv;
+	struct tm tm;
+	va_list ap;
+
+	gettimeofday(&tv, NULL);
+	gmtime_r(&tv.tv_sec, &tm);
+	strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &tm);
+	fprintf(stderr, "%s.%03d UTC obx-relay %s: ", stamp, (int) (tv.tv_usec / 1000), level);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+static char *
+xstrdup(const char *s)
+{
+	char *copy = strdup(s);
+
+	if (copy == NULL)
+	{
+		say("FATAL", "out of memory");
+		exit(1);
+	}
+	return copy;
+}
+
+static void *
+xcalloc(size_t n, size_t size)
+{
+	void *p = calloc(n > 0 ? n : 1, size);
+
+	if (p == NULL)
+	{
+		say("FATAL", "out of memory");
+		exit(1);
+	}
+	return p;
+}
+
+/* A growing string, for the statements' array parameters. */
+typedef struct Buf
+{
+	char *data;
+	size_t len;
+	size_t cap;
+} Buf;
+
+static void
+buf_add(Buf *b, const char *s, size_t n)
+{
+	if (b->len + n + 1 > b->cap)
+	{
+		b->cap = (b->len + n + 1) * 2;
+		b->data = realloc(b->data, b->cap);
+		if (b->data == NULL)
+		{
+			say("FATAL", "out of memory");
+			exit(1);
+		}
+	}
+	memcpy(b->data + b->len, s, n);
+	b->len += n;
+	b->data[b->len] = '\0';
+}
+
+static void
+buf_str(Buf *b, const char *s)
+{
+	buf_add(b, s, strlen(s));
+}
+
+/* An element of an array literal, double-quoted with " and \ escaped. */
+static void
+buf_quoted(Buf *b, const char *s)
+{
+	buf_add(b, "\"", 1);
+	for (; *s; s++)
+	{
+		if (*s == '"' || *s == '\\')
+			buf_add(b, "\\", 1);
+		buf_add(b, s, 1);
+	}
+	buf_add(b, "\"", 1);
+}
+
+/* ---------------------------------------------------------------------
+ * Settings
+ * --------------------------------------------------------------------- */
+
+static void
+config_defaults(Config *c)
+{
+	memset(c, 0, sizeof(*c));
+	/* The in-database relay's defaults (docs/configuration.md). */
+	c->batch_size = 2000;
+	c->poll_interval_ms = 50;
+	c->lease_timeout_s = 60;
+	c->delivery_timeout_ms = 30000;
+	c->max_attempts = 10;
+	c->backoff_min_ms = 100;
+	c->backoff_max_ms = 60000;
+	c->quarantine_blocks_key = true;
+	c->retention_s = 7 * 24 * 3600;
+	c->relay_id = 1000;
+}
+
+static bool
+parse_int(const char *name, const char *value, int min, int max, int *out)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(value, &end, 10);
+	if (errno != 0 || end == value || *end != '\0' || v < min || v > max)
+	{
+		say("ERROR", "setting %s must be a whole number from %d to %d, not \"%s\"",
+			name, min, max, value);
+		return false;
+	}
+	*out = (int) v;
+	return true;
+}
+
+/* One setting; false (said why) if it is unknown or its value is bad. */
+static bool
+config_set(Config *c, const char *name, const char *value)
+{
+	if (strncmp(name, "kafka.", 6) == 0)
+	{
+		if (c->nkafka == MAX_KAFKA_PROPS)
+		{
+			say("ERROR", "more than %d Kafka properties", MAX_KAFKA_PROPS);
+			return false;
+		}
+		c->kafka_names[c->nkafka] = xstrdup(name + 6);
+		c->kafka_values[c->nkafka++] = xstrdup(value);
+		return true;
+	}
+	if (strcmp(name, "database") == 0)
+	{
+		if (c->ndatabases == MAX_DATABASES)
+		{
+			say("ERROR", "more than %d databases", MAX_DATABASES);
+			return false;
+		}
+		c->databases[c->ndatabases++] = xstrdup(value);
+		return true;
+	}
+	if (strcmp(name, "brokers") == 0)
+	{
+		free(c->brokers);
+		c->brokers = xstrdup(value);
+		return true;
+	}
+	if (strcmp(name, "quarantine_blocks_key") == 0)
+	{
+		if (strcmp(value, "on") == 0 || strcmp(value, "true") == 0)
+			c->quarantine_blocks_key = true;
+		else if (strcmp(value, "off") == 0 || strcmp(value, "false") == 0)
+			c->quarantine_blocks_key = false;
+		else
+		{
+			say("ERROR", "setting quarantine_blocks_key must be on or off, not \"%s\"", value);
+			return false;
+		}
+		return true;
+	}
+#define INT_SETTING(n, field, min, max) \
+	if (strcmp(name, n) == 0)           \
+		return parse_int(name, value, min, max, &c->field);
+	INT_SETTING("batch_size", batch_size, 1, 100000);
+	INT_SETTING("poll_interval", poll_interval_ms, 1, 3600000);
+	INT_SETTING("lease_timeout", lease_timeout_s, 1, 86400);
+	INT_SETTING("delivery_timeout", delivery_timeout_ms, 1000, 3600000);
+	INT_SETTING("max_attempts", max_attempts, 1, 1000000);
+	INT_SETTING("backoff_min", backoff_min_ms, 1, 3600000);
+	INT_SETTING("backoff_max", backoff_max_ms, 1, 86400000);
+	INT_SETTING("retention", retention_s, 0, 365 * 24 * 3600);
+	INT_SETTING("relay_id", relay_id, 0, 1000000);
+#undef INT_SETTING
+	say("ERROR", "unknown setting \"%s\"", name);
+	return false;
+}
+
+static char *
+trim(char *s)
+{
+	char *end;
+
+	while (*s == ' ' || *s == '\t')
+		s++;
+	end = s + strlen(s);
+	while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r'))
+		*--end = '\0';
+	return s;
+}
+
+/*
+ * Read the settings: the file (lines "name = value"; # starts a comment
+ * line; a value may be in single quotes), then the environment.
+ */
+static bool
+config_load(Config *c, const char *path)
+{
+	extern char **environ;
+	char **env;
+	bool ok = true;
+
+	config_defaults(c);
+	if (path != NULL)
+	{
+		FILE *f = fopen(path, "r");
+		char line[8192];
+		int lineno = 0;
+
+		if (f == NULL)
+		{
+			say("ERROR", "could not open settings file \"%s\": %s", path, strerror(errno));
+			return false;
+		}
+		while (fgets(line, sizeof(line), f) != NULL)
+		{
+			char *name = trim(line);
+			char *eq;
+			char *value;
+			size_t len;
+
+			lineno++;
+			if (*name == '\0' || *name == '#')
+				continue;
+			eq = strchr(name, '=');
+			if (eq == NULL)
+			{
+				say("ERROR", "%s line %d: expected name = value", path, lineno);
+				ok = false;
+				continue;
+			}
+			*eq = '\0';
+			name = trim(name);
+			value = trim(eq + 1);
+			len = strlen(value);
+			if (len >= 2 && value[0] == '\'' && value[len - 1] == '\'')
+			{
+				value[len - 1] = '\0';
+				value++;
+			}
+			ok &= config_set(c, name, value);
+		}
+		fclose(f);
+	}
+	for (env = environ; *env != NULL; env++)
+	{
+		char name[256];
+		const char *eq = strchr(*env, '=');
+		size_t len;
+		size_t i;
+
+		if (strncmp(*env, "OBX_RELAY_", 10) != 0 || eq == NULL)
+			continue;
+		len = eq - (*env + 10);
+		if (len == 0 || len >= sizeof(name))
+			continue;
+		for (i = 0; i < len; i++)
+		{
+			char ch = (*env)[10 + i];
+
+			name[i] = (ch >= 'A' && ch <= 'Z') ? ch - 'A' + 'a' : ch;
+		}
+		name[len] = '\0';
+		if (strncmp(name, "kafka_", 6) == 0)
+		{
+			name[5] = '.';
+			for (i = 6; i < len; i++)
+				if (name[i] == '_')
+					name[i] = '.';
+		}
+		ok &= config_set(c, name, eq + 1);
+	}
+	if (c->ndatabases == 0)
+	{
+		say("ERROR", "no database: set database (a libpq connection string)");
+		ok = false;
+	}
+	if (c->brokers == NULL)
+	{
+		say("ERROR", "no brokers: set brokers (Kafka's bootstrap servers)");
+		ok = false;
+	}
+	return ok;
+}
+
+static void
+config_free(Config *c)
+{
+	int i;
+
+	for (i = 0; i < c->ndatabases; i++)
+		free(c->databases[i]);
+	for (i = 0; i < c->nkafka; i++)
+	{
+		free(c->kafka_names[i]);
+		free(c->kafka_values[i]);
+	}
+	free(c->brokers);
+	memset(c, 0, sizeof(*c));
+}
+
+/* ---------------------------------------------------------------------
+ * Kafka
+ * --------------------------------------------------------------------- */
+
+static long long
+now_us(void)
+{
+	struct timeval tv;
+
+	gettimeofday(&tv, NULL);
+	return (long long) tv.tv_sec * 1000000 + tv.tv_usec;
+}
+
+static void
+delivered(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
+{
+	Event *ev = (Event *) msg->_private;
+	Batch *batch = (Batch *) opaque;
+
+	(void) rk;
+	if (ev == NULL)
+		return;
+	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		ev->outcome = DELIVERED;
+		ev->partition = msg->partition;
+		ev->offset = msg->offset;
+		ev->acked_us = now_us();
+	}
+	else
+	{
+		ev->outcome = FAILED;
+		ev->err = msg->err;
+	}
+	if (batch != NULL)
+		batch->in_flight--;
+}
+
+static bool
+kafka_set(rd_kafka_conf_t *conf, const char *name, const char *value)
+{
+	char err[512];
+
+	if (rd_kafka_conf_set(conf, name, value, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+	{
+		say("ERROR", "Kafka property %s: %s", name, err);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * The producer, set as the in-database relay's (src/relay/kafka.c): obx's
+ * properties, then the user's, then what the guarantees need.
+ */
+static rd_kafka_t *
+kafka_create(Batch *current)
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	char timeout[32];
+	char err[512];
+	rd_kafka_t *rk;
+	int i;
+	bool ok;
+
+	snprintf(timeout, sizeof(timeout), "%d", config.delivery_timeout_ms);
+	ok = kafka_set(conf, "bootstrap.servers", config.brokers) &&
+		 kafka_set(conf, "client.id", "obx-relay") &&
+		 kafka_set(conf, "message.timeout.ms", timeout) &&
+		 kafka_set(conf, "partitioner", "murmur2_random") &&
+		 kafka_set(conf, "linger.ms", "5") &&
+		 kafka_set(conf, "socket.nagle.disable", "true") &&
+		 kafka_set(conf, "reconnect.backoff.ms", "50") &&
+		 kafka_set(conf, "reconnect.backoff.max.ms", "250");
+	for (i = 0; ok && i < config.nkafka; i++)
+		ok = kafka_set(conf, config.kafka_names[i], config.kafka_values[i]);
+	ok = ok && kafka_set(conf, "enable.idempotence", "true") && kafka_set(conf, "acks", "all");
+	if (!ok)
+	{
+		rd_kafka_conf_destroy(conf);
+		return NULL;
+	}
+	rd_kafka_conf_set_dr_msg_cb(conf, delivered);
+	rd_kafka_conf_set_opaque(conf, current);
+	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+	if (rk == NULL)
+	{
+		say("ERROR", "could not create the Kafka producer: %s", err);
+		return NULL;
+	}
+	return rk;
+}
+
+static bool
+same_key(const Event *a, const Event *b)
+{
+	return strcmp(a->key, b->key) == 0 && strcmp(a->topic, b->topic) == 0;
+}
+
+/*
+ * Hand the batch to librdkafka in seq order.  An event it refuses at once
+ * fails, and the later events of its key stay unsent so that they cannot
+ * overtake it (src/relay/kafka.c does the same).
+ */
+static void
+produce(rd_kafka_t *rk, Batch *batch)
+{
+	Event **refused = xcalloc(batch->nevents, sizeof(Event *));
+	int nrefused = 0;
+	int i;
+
+	batch->in_flight = 0;
+	for (i = 0; i < batch->nevents; i++)
+	{
+		Event *ev = &batch->events[i];
+		rd_kafka_headers_t *hdrs;
+		rd_kafka_resp_err_t err;
+		bool held = false;
+		int j;
+
+		for (j = 0; j < nrefused && !held; j++)
+			held = same_key(refused[j], ev);
+		if (held)
+			continue;
+		hdrs = rd_kafka_headers_new(2 + ev->nheaders);
+		rd_kafka_header_add(hdrs, "event_id", -1, ev->id, -1);
+		if (ev->event_type != NULL)
+			rd_kafka_header_add(hdrs, "event_type", -1, ev->event_type, -1);
+		for (j = 0; j < ev->nheaders; j++)
+			rd_kafka_header_add(hdrs, ev->header_names[j], -1, ev->header_values[j], -1);
+		for (;;)
+		{
+			err = rd_kafka_producev(rk,
+									RD_KAFKA_V_TOPIC(ev->topic),
+									RD_KAFKA_V_KEY(ev->key, strlen(ev->key)),
+									RD_KAFKA_V_VALUE((void *) ev->payload, ev->payload_len),
+									RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+									RD_KAFKA_V_HEADERS(hdrs),
+									RD_KAFKA_V_OPAQUE(ev),
+									RD_KAFKA_V_END);
+			if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
+				break;
+			rd_kafka_poll(rk, 10);
+		}
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			ev->outcome = IN_FLIGHT;
+			batch->in_flight++;
+		}
+		else
+		{
+			rd_kafka_headers_destroy(hdrs);
+			ev->outcome = FAILED;
+			ev->err = err;
+			ev->refused_locally = true;
+			refused[nrefused++] = ev;
+		}
+	}
+	free(refused);
+}
+
+/* ---------------------------------------------------------------------
+ * The database: the protocol's statements
+ * --------------------------------------------------------------------- */
+
+typedef struct Statement
+{
+	const char *name;
+	const char *sql;
+	int nparams;
+	Oid types[9];
+} Statement;
+
+static const Statement statements[] = {
+	{"obx_lease_id", OBX_SQL_LEASE_ID, 0, {0}},
+	{"obx_tick", OBX_SQL_TICK, 0, {0}},
+	{"obx_claim", OBX_SQL_CLAIM, 5, {BOOLOID, INT4OID, INT8OID, PGSNAPSHOTOID, INT8OID}},
+	{"obx_floor", OBX_SQL_FLOOR, 4, {INT8OID, PGSNAPSHOTOID, INT8OID, INT8OID}},
+	{"obx_lease", OBX_SQL_LEASE, 9, {INT8OID, INT4OID, FLOAT8OID, PGSNAPSHOTOID, INT8OID, INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID}},
+	{"obx_record", OBX_SQL_RECORD, 6, {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TSTZARRAYOID, INT8OID, INT8OID}},
+	{"obx_held_published", OBX_SQL_HELD_PUBLISHED, 2, {UUIDARRAYOID, TSTZARRAYOID}},
+	{"obx_claim_lock", OBX_SQL_CLAIM_LOCK, 2, {INT4OID, INT4OID}},
+	{"obx_live", OBX_SQL_LIVE, 1, {INT8OID}},
+	{"obx_hold", OBX_SQL_HOLD, 1, {UUIDARRAYOID}},
+	{"obx_failed", OBX_SQL_FAILED, 7, {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID, TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID}},
+	{"obx_renew", OBX_SQL_RENEW, 2, {INT8OID, FLOAT8OID}},
+	{"obx_rotate", OBX_SQL_ROTATE, 1, {FLOAT8OID}},
+};
+
+static const Statement *
+statement(const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < sizeof(statements) / sizeof(statements[0]); i++)
+		if (strcmp(statements[i].name, name) == 0)
+			return &statements[i];
+	say("FATAL", "no statement %s", name);
+	exit(1);
+}
+
+/* A statement's result, or NULL (said why) when it failed. */
+static PGresult *
+run(Database *db, const char *name, const char *const *params, int binary)
+{
+	const Statement *st = statement(name);
+	PGresult *res = PQexecPrepared(db->conn, st->name, st->nparams, params, NULL, NULL, binary);
+	ExecStatusType status = PQresultStatus(res);
+
+	if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK)
+	{
+		say("ERROR", "%s failed: %s", name, PQresultErrorMessage(res));
+		PQclear(res);
+		return NULL;
+	}
+	return res;
+}
+
+/* A plain statement (no parameters, no rows wanted); false if it failed. */
+static bool
+exec(Database *db, const char *sql)
+{
+	PGresult *res = PQexec(db->conn, sql);
+	ExecStatusType status = PQresultStatus(res);
+	bool ok = status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK;
+
+	if (!ok)
+		say("ERROR", "%s: %s", sql, PQresultErrorMessage(res));
+	PQclear(res);
+	return ok;
+}
+
+static void
+disconnect(Database *db, const char *why)
+{
+	if (db->conn == NULL)
+		return;
+	if (why != NULL)
+		say("LOG", "disconnecting from the database (%s); connecting again in 1 s", why);
+	PQfinish(db->conn);
+	db->conn = NULL;
+	db->retry_at = time(NULL) + 1;
+}
+
+/*
+ * The settings every relay session runs with, the in-database relay's
+ * (OBX_PINNED_SETTINGS), whatever the role or database sets.  One that
+ * only a superuser may set must already have its value.
+ */
+static bool
+pin_settings(Database *db)
+{
+	static const char *const pinned[][2] = OBX_PINNED_SETTINGS;
+	size_t i;
+
+	for (i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
+	{
+		const char *params[2] = {pinned[i][0], pinned[i][1]};
+		PGresult *res = PQexecParams(db->conn, "SELECT pg_catalog.set_config($1, $2, false)", 2,
+									 NULL, params, NULL, NULL, 0);
+		bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+
+		PQclear(res);
+		if (ok)
+			continue;
+		res = PQexecParams(db->conn, "SELECT pg_catalog.current_setting($1) = $2", 2, NULL,
+						   params, NULL, NULL, 0);
+		ok = PQresultStatus(res) == PGRES_TUPLES_OK && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+		PQclear(res);
+		if (!ok)
+		{
+			say("ERROR", "the relay's sessions need %s = '%s', and this role may not set it",
+				pinned[i][0], pinned[i][1]);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Connect and prepare the statements; false (said why) if not now. */
+static bool
+connect_db(Database *db)
+{
+	/* The connection string may override these; a dead peer is noticed. */
+	const char *keys[] = {"application_name", "keepalives_idle", "keepalives_interval",
+						  "keepalives_count", "dbname", NULL};
+	const char *values[] = {"obx-relay", "10", "5", "3", db->conninfo, NULL};
+	size_t i;
+
+	if (db->conn != NULL)
+		return true;
+	if (time(NULL) < db->retry_at)
+		return false;
+	db->conn = PQconnectdbParams(keys, values, 1);
+	if (PQstatus(db->conn) != CONNECTION_OK)
+	{
+		say("ERROR", "could not connect to the database: %s", PQerrorMessage(db->conn));
+		disconnect(db, NULL);
+		db->retry_at = time(NULL) + 1;
+		return false;
+	}
+	if (!pin_settings(db))
+	{
+		disconnect(db, "its session could not be set up");
+		return false;
+	}
+	for (i = 0; i < sizeof(statements) / sizeof(statements[0]); i++)
+	{
+		PGresult *res = PQprepare(db->conn, statements[i].name, statements[i].sql,
+								  statements[i].nparams, statements[i].types);
+
+		if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		{
+			say("ERROR", "could not prepare %s: %s", statements[i].name,
+				PQresultErrorMessage(res));
+			PQclear(res);
+			disconnect(db, "obx is not installed there, or this role lacks its grants");
+			db->retry_at = time(NULL) + 5;
+			return false;
+		}
+		PQclear(res);
+	}
+	say("LOG", "connected to database \"%s\" as role \"%s\"", PQdb(db->conn), PQuser(db->conn));
+	return true;
+}
+
+static uint32_t
+be32(const char *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return ntohl(v);
+}
+
+static long long
+be64(const char *p)
+{
+	return ((long long) be32(p) << 32) | be32(p + 4);
+}
+
+/* The claim's headers column: a text[n][2] in binary form, or NULL. */
+static void
+read_headers(Event *ev, const char *p, int len)
+{
+	int ndim;
+	int n = 1;
+	int i;
+	const char *end = p + len;
+
+	ev->nheaders = 0;
+	if (len < 12)
+		return;
+	ndim = (int) be32(p);
+	p += 12;
+	for (i = 0; i < ndim; i++, p += 8)
+		n *= (int) be32(p);
+	ev->nheaders = n / 2;
+	ev->header_names = xcalloc(ev->nheaders, sizeof(char *));
+	ev->header_values = xcalloc(ev->nheaders, sizeof(char *));
+	for (i = 0; i < n && p + 4 <= end; i++)
+	{
+		int elen = (int) be32(p);
+		char *s;
+
+		p += 4;
+		s = xcalloc(elen > 0 ? elen + 1 : 1, 1);
+		if (elen > 0)
+			memcpy(s, p, elen);
+		p += elen > 0 ? elen : 0;
+		if (i % 2 == 0)
+			ev->header_names[i / 2] = s;
+		else
+			ev->header_values[i / 2] = s;
+	}
+}
+
+static void
+format_uuid(char *out, const unsigned char *u)
+{
+	snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+			 u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+			 u[12], u[13], u[14], u[15]);
+}
+
+/*
+ * The claim's rows (binary) into the batch, in seq order, until their
+ * payloads pass BATCH_BYTES; fills the lease's arrays.
+ */
+static void
+take_batch(Batch *batch, PGresult *rows, Buf *ids, Buf *topics, Buf *keys)
+{
+	int nrows = PQntuples(rows);
+	long long bytes = 0;
+	int n = 0;
+
+	batch->rows = rows;
+	batch->events = xcalloc(nrows, sizeof(Event));
+	batch->max_seq = 0;
+	buf_str(ids, "{");
+	buf_str(topics, "{");
+	buf_str(keys, "{");
+	while (n < nrows && bytes < BATCH_BYTES)
+	{
+		Event *ev = &batch->events[n];
+
+		batch->max_seq = be64(PQgetvalue(rows, n, 0));
+		format_uuid(ev->id, (const unsigned char *) PQgetvalue(rows, n, 1));
+		ev->topic = PQgetvalue(rows, n, 2);
+		ev->key = PQgetvalue(rows, n, 3);
+		if (PQgetisnull(rows, n, 4))
+			ev->payload = NULL;
+		else
+		{
+			/* jsonb in binary: a version byte, then the text. */
+			ev->payload = PQgetvalue(rows, n, 4) + 1;
+			ev->payload_len = PQgetlength(rows, n, 4) - 1;
+		}
+		ev->event_type = PQgetisnull(rows, n, 5) ? NULL : PQgetvalue(rows, n, 5);
+		if (!PQgetisnull(rows, n, 7))
+			read_headers(ev, PQgetvalue(rows, n, 7), PQgetlength(rows, n, 7));
+		bytes += ev->payload_len;
+		if (n > 0)
+		{
+			buf_str(ids, ",");
+			buf_str(topics, ",");
+			buf_str(keys, ",");
+		}
+		buf_str(ids, ev->id);
+		buf_quoted(topics, ev->topic);
+		buf_quoted(keys, ev->key);
+		n++;
+	}
+	buf_str(ids, "}");
+	buf_str(topics, "}");
+	buf_str(keys, "}");
+	batch->nevents = n;
+	batch->full = nrows >= config.batch_size || n < nrows;
+}
+
+static void
+batch_free(Batch *batch)
+{
+	int i;
+	int j;
+
+	for (i = 0; i < batch->nevents; i++)
+	{
+		for (j = 0; j < batch->events[i].nheaders; j++)
+		{
+			free(batch->events[i].header_names[j]);
+			free(batch->events[i].header_values[j]);
+		}
+		free(batch->events[i].header_names);
+		free(batch->events[i].header_values);
+	}
+	free(batch->events);
+	PQclear(batch->rows);
+	memset(batch, 0, sizeof(*batch));
+}
+
+static bool
+claim_lock_session(Database *db, bool lock)
+{
+	char sql[128];
+
+	snprintf(sql, sizeof(sql), "%s",
+			 lock ? OBX_SQL_CLAIM_LOCK_SESSION : OBX_SQL_CLAIM_UNLOCK_SESSION);
+	{
+		char cls[16];
+		char obj[16];
+		const char *params[2] = {cls, obj};
+		PGresult *res;
+
+		snprintf(cls, sizeof(cls), "%d", OBX_CLAIM_LOCK_CLASS);
+		snprintf(obj, sizeof(obj), "%d", OBX_CLAIM_LOCK_OBJECT);
+		res = PQexecParams(db->conn, sql, 2, NULL, params, NULL, NULL, 0);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			say("ERROR", "could not %s the claim lock: %s", lock ? "take" : "release",
+				PQresultErrorMessage(res));
+			PQclear(res);
+			return false;
+		}
+		PQclear(res);
+	}
+	return true;
+}
+
+/*
+ * claim
+ *		Lease up to batch_size publishable events; returns how many, or -1
+ *		if the database failed.
+ *
+ * Inside the claim lock (held by the session around the transaction, so
+ * that the transaction's snapshot, taken by its first statement, sees
+ * every claim before it), in one REPEATABLE READ transaction: the lease
+ * id, the tick, the claim and the new floor under one snapshot, the
+ * claim's row.  Its commit is synchronous: it flushes the WAL past every
+ * commit it saw, and waits for the synchronous standbys, before anything
+ * of it is produced.
+ */
+static int
+claim(Database *db, Batch *batch)
+{
+	PGresult *res;
+	PGresult *rows = NULL;
+	char lease_id[32];
+	char floor[32];
+	char *snap = NULL;
+	char tick[32];
+	char batch_size[16];
+	char lease_s[16];
+	char max_seq[32];
+	char relay_id[16];
+	Buf ids = {0};
+	Buf topics = {0};
+	Buf keys = {0};
+	bool ok = false;
+
+	memset(batch, 0, sizeof(*batch));
+	if (!claim_lock_session(db, true))
+		return -1;
+	if (!exec(db, "BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL synchronous_commit = on;"
+				  " SET LOCAL enable_seqscan = off; SET LOCAL plan_cache_mode = force_generic_plan"))
+		goto done;
+	if ((res = run(db, "obx_lease_id", NULL, 0)) == NULL)
+		goto done;
+	snprintf(lease_id, sizeof(lease_id), "%s", PQgetvalue(res, 0, 0));
+	PQclear(res);
+	if ((res = run(db, "obx_tick", NULL, 0)) == NULL)
+		goto done;
+	snprintf(floor, sizeof(floor), "%s", PQgetvalue(res, 0, 0));
+	snap = xstrdup(PQgetvalue(res, 0, 1));
+	snprintf(tick, sizeof(tick), "%s", PQgetvalue(res, 0, 2));
+	PQclear(res);
+	snprintf(batch_size, sizeof(batch_size), "%d", config.batch_size);
+	{
+		const char *params[5] = {config.quarantine_blocks_key ? "t" : "f", batch_size, floor,
+								 snap, tick};
+
+		if ((rows = run(db, "obx_claim", params, 1)) == NULL)
+			goto done;
+	}
+	{
+		const char *params[4] = {floor, snap, tick, FLOOR_NONE};
+
+		if ((res = run(db, "obx_floor", params, 0)) == NULL)
+			goto done;
+	}
+	batch->lease_id = atoll(lease_id);
+	take_batch(batch, rows, &ids, &topics, &keys);
+	rows = NULL;
+	/* A claim that took nothing leaves a tick only when its floor moved. */
+	if (batch->nevents > 0 || strcmp(PQgetvalue(res, 0, 0), floor) != 0)
+	{
+		const char *params[9];
+		char *next_floor = xstrdup(PQgetvalue(res, 0, 0));
+		char *next_snap = xstrdup(PQgetvalue(res, 0, 1));
+
+		snprintf(lease_s, sizeof(lease_s), "%d", batch->nevents > 0 ? config.lease_timeout_s : 0);
+		snprintf(max_seq, sizeof(max_seq), "%lld", batch->max_seq);
+		snprintf(relay_id, sizeof(relay_id), "%d", config.relay_id);
+		params[0] = lease_id;
+		params[1] = relay_id;
+		params[2] = lease_s;
+		params[3] = next_snap;
+		params[4] = next_floor;
+		params[5] = batch->nevents > 0 ? max_seq : NULL;
+		params[6] = batch->nevents > 0 ? ids.data : NULL;
+		params[7] = batch->nevents > 0 ? topics.data : NULL;
+		params[8] = batch->nevents > 0 ? keys.data : NULL;
+		PQclear(res);
+		res = run(db, "obx_lease", params, 0);
+		free(next_floor);
+		free(next_snap);
+		if (res == NULL)
+			goto done;
+	}
+	PQclear(res);
+	ok = exec(db, "COMMIT");
+done:
+	if (!ok && PQstatus(db->conn) == CONNECTION_OK)
+		(void) exec(db, "ROLLBACK");
+	if (PQstatus(db->conn) == CONNECTION_OK)
+		ok &= claim_lock_session(db, false);
+	PQclear(rows);
+	free(snap);
+	free(ids.data);
+	free(topics.data);
+	free(keys.data);
+	if (!ok)
+	{
+		batch_free(batch);
+		return -1;
+	}
+	return batch->nevents;
+}
+
+/* The array literal of a field of the events picked, as text. */
+static char *
+uuid_literal(Event **events, int n)
+{
+	Buf b = {0};
+	int i;
+
+	buf_str(&b, "{");
+	for (i = 0; i < n; i++)
+	{
+		if (i > 0)
+			buf_str(&b, ",");
+		buf_str(&b, events[i]->id);
+	}
+	buf_str(&b, "}");
+	return b.data;
+}
+
+/*
+ * record
+ *		Write what Kafka said about the batch, in one short transaction
+ *		(asynchronously committed: a lost record means a re-send with the
+ *		same ids).  Failed events get their error, a backoff or a
+ *		quarantine while the lease is live (under the claim lock); the
+ *		record of the delivered ones ends the lease.  False if the database
+ *		failed.
+ */
+static bool
+record(Database *db, Batch *batch)
+{
+	Event **done = xcalloc(batch->nevents, sizeof(Event *));
+	Event **failed = xcalloc(batch->nevents, sizeof(Event *));
+	int ndone = 0;
+	int nfailed = 0;
+	char lease_id[32];
+	char max_seq[32];
+	Buf parts = {0};
+	Buf offsets = {0};
+	Buf acked = {0};
+	char *ids = NULL;
+	bool ok = false;
+	PGresult *res;
+	int i;
+
+	for (i = 0; i < batch->nevents; i++)
+	{
+		if (batch->events[i].outcome == DELIVERED)
+			done[ndone++] = &batch->events[i];
+		else if (batch->events[i].outcome == FAILED)
+			failed[nfailed++] = &batch->events[i];
+	}
+	snprintf(lease_id, sizeof(lease_id), "%lld", batch->lease_id);
+	snprintf(max_seq, sizeof(max_seq), "%lld", batch->max_seq);
+	if (!exec(db, "BEGIN; SET LOCAL synchronous_commit = off"))
+		goto done;
+
+	if (nfailed > 0)
+	{
+		char cls[16];
+		char obj[16];
+		const char *lock_params[2] = {cls, obj};
+		const char *live_params[1] = {lease_id};
+		bool live;
+
+		snprintf(cls, sizeof(cls), "%d", OBX_CLAIM_LOCK_CLASS);
+		snprintf(obj, sizeof(obj), "%d", OBX_CLAIM_LOCK_OBJECT);
+		if ((res = run(db, "obx_claim_lock", lock_params, 0)) == NULL)
+			goto done;
+		PQclear(res);
+		if ((res = run(db, "obx_live", live_params, 0)) == NULL)
+			goto done;
+		live = PQntuples(res) == 1;
+		PQclear(res);
+		if (live)
+		{
+			Buf classes = {0};
+			Buf messages = {0};
+			Buf timed_out = {0};
+			char attempts[16];
+			char bmin[16];
+			char bmax[16];
+			char *fids = uuid_literal(failed, nfailed);
+			const char *hold_params[1] = {fids};
+			const char *params[7];
+			bool step_ok;
+
+			buf_str(&classes, "{");
+			buf_str(&messages, "{");
+			buf_str(&timed_out, "{");
+			for (i = 0; i < nfailed; i++)
+			{
+				char msg[1024];
+
+				if (i > 0)
+				{
+					buf_str(&classes, ",");
+					buf_str(&messages, ",");
+					buf_str(&timed_out, ",");
+				}
+				buf_str(&classes, obx_error_class_name(obx_kafka_classify(failed[i]->err)));
+				snprintf(msg, sizeof(msg), "%s: %s%s", obx_kafka_error_name(failed[i]->err),
+						 obx_kafka_error_text(failed[i]->err),
+						 failed[i]->refused_locally ? " (refused by librdkafka, not sent)" : "");
+				buf_quoted(&messages, msg);
+				buf_str(&timed_out, obx_kafka_timed_out(failed[i]->err) ? "t" : "f");
+				if (i < 10)
+					say("WARNING", "could not publish event %s to topic %s: %s", failed[i]->id,
+						failed[i]->topic, msg);
+			}
+			buf_str(&classes, "}");
+			buf_str(&messages, "}");
+			buf_str(&timed_out, "}");
+			snprintf(attempts, sizeof(attempts), "%d", config.max_attempts);
+			snprintf(bmin, sizeof(bmin), "%d", config.backoff_min_ms);
+			snprintf(bmax, sizeof(bmax), "%d", config.backoff_max_ms);
+			params[0] = fids;
+			params[1] = attempts;
+			params[2] = bmin;
+			params[3] = bmax;
+			params[4] = classes.data;
+			params[5] = messages.data;
+			params[6] = timed_out.data;
+			step_ok = (res = run(db, "obx_hold", hold_params, 0)) != NULL;
+			PQclear(res);
+			step_ok = step_ok && (res = run(db, "obx_failed", params, 0)) != NULL;
+			if (step_ok)
+				PQclear(res);
+			free(fids);
+			free(classes.data);
+			free(messages.data);
+			free(timed_out.data);
+			if (!step_ok)
+				goto done;
+		}
+		else
+			say("LOG", "lost the lease of %d failed events before recording them", nfailed);
+	}
+
+	ids = uuid_literal(done, ndone);
+	buf_str(&parts, "{");
+	buf_str(&offsets, "{");
+	buf_str(&acked, "{");
+	for (i = 0; i < ndone; i++)
+	{
+		char num[32];
+		char stamp[64];
+		time_t secs = (time_t) (done[i]->acked_us / 1000000);
+		struct tm tm;
+
+		if (i > 0)
+		{
+			buf_str(&parts, ",");
+			buf_str(&offsets, ",");
+			buf_str(&acked, ",");
+		}
+		snprintf(num, sizeof(num), "%d", done[i]->partition);
+		buf_str(&parts, num);
+		snprintf(num, sizeof(num), "%lld", done[i]->offset);
+		buf_str(&offsets, num);
+		gmtime_r(&secs, &tm);
+		strftime(stamp, sizeof(stamp), "\"%Y-%m-%d %H:%M:%S", &tm);
+		buf_str(&acked, stamp);
+		snprintf(stamp, sizeof(stamp), ".%06lld+00\"", done[i]->acked_us % 1000000);
+		buf_str(&acked, stamp);
+	}
+	buf_str(&parts, "}");
+	buf_str(&offsets, "}");
+	buf_str(&acked, "}");
+	{
+		const char *params[6] = {ids, parts.data, offsets.data, acked.data, lease_id, max_seq};
+		const char *held_params[2] = {ids, acked.data};
+
+		if ((res = run(db, "obx_record", params, 0)) == NULL)
+			goto done;
+		PQclear(res);
+		if (ndone > 0)
+		{
+			if ((res = run(db, "obx_held_published", held_params, 0)) == NULL)
+				goto done;
+			PQclear(res);
+		}
+	}
+	ok = exec(db, "COMMIT");
+done:
+	if (!ok && PQstatus(db->conn) == CONNECTION_OK)
+		(void) exec(db, "ROLLBACK");
+	free(ids);
+	free(parts.data);
+	free(offsets.data);
+	free(acked.data);
+	free(done);
+	free(failed);
+	return ok;
+}
+
+/* Extend the batch's lease while its deliveries take long. */
+static void
+renew(Database *db, Batch *batch)
+{
+	char lease_id[32];
+	char secs[16];
+	const char *params[2] = {lease_id, secs};
+	PGresult *res;
+
+	snprintf(lease_id, sizeof(lease_id), "%lld", batch->lease_id);
+	snprintf(secs, sizeof(secs), "%d", config.lease_timeout_s);
+	if ((res = run(db, "obx_renew", params, 0)) != NULL)
+		PQclear(res);
+}
+
+/* One step of the outbox's rotation (obx._rotate), as housekeeping.c takes it. */
+static void
+rotate(Database *db)
+{
+	char secs[16];
+	const char *params[1] = {secs};
+	PGresult *res;
+
+	if (config.retention_s == 0 || time(NULL) < db->rotate_at)
+		return;
+	db->rotate_at = time(NULL) + 10;
+	snprintf(secs, sizeof(secs), "%d", config.retention_s);
+	if ((res = run(db, "obx_rotate", params, 0)) != NULL)
+		PQclear(res);
+}
+
+/* ---------------------------------------------------------------------
+ * The loop
+ * --------------------------------------------------------------------- */
+
+static void
+on_stop(int sig)
+{
+	(void) sig;
+	stop_requested = 1;
+}
+
+static void
+on_reload(int sig)
+{
+	(void) sig;
+	reload_requested = 1;
+}
+
+/*
+ * Serve one batch of the database: claim, produce, wait for every report
+ * (no transaction open), record.  Returns whether the batch was full, so
+ * that the next claim comes at once.
+ */
+static bool
+serve(Database *db, rd_kafka_t *rk, Batch *current)
+{
+	long long renew_at;
+	bool full;
+
+	if (!connect_db(db))
+		return false;
+	if (claim(db, current) <= 0)
+	{
+		if (PQstatus(db->conn) != CONNECTION_OK)
+			disconnect(db, "the connection broke");
+		batch_free(current);
+		rotate(db);
+		return false;
+	}
+	produce(rk, current);
+	renew_at = now_us() + (long long) config.lease_timeout_s * 1000000 / 3;
+	while (current->in_flight > 0)
+	{
+		rd_kafka_poll(rk, 100);
+		if (now_us() >= renew_at)
+		{
+			renew(db, current);
+			renew_at = now_us() + (long long) config.lease_timeout_s * 1000000 / 3;
+		}
+	}
+	if (!record(db, current) && PQstatus(db->conn) != CONNECTION_OK)
+		disconnect(db, "the connection broke; the batch's lease runs out and it is sent again");
+	full = current->full;
+	batch_free(current);
+	rotate(db);
+	return full;
+}
+
+static int
+run_relay(void)
+{
+	Database dbs[MAX_DATABASES];
+	Batch current;
+	rd_kafka_t *rk;
+	int i;
+
+	memset(&current, 0, sizeof(current));
+	for (;;)
+	{
+		bool busy = false;
+
+		memset(dbs, 0, sizeof(dbs));
+		for (i = 0; i < config.ndatabases; i++)
+			dbs[i].conninfo = config.databases[i];
+		rk = kafka_create(&current);
+		if (rk == NULL)
+			return 1;
+		say("LOG", "started: %d database(s), brokers %s", config.ndatabases, config.brokers);
+		while (!stop_requested && !reload_requested)
+		{
+			busy = false;
+			for (i = 0; i < config.ndatabases && !stop_requested; i++)
+				busy |= serve(&dbs[i], rk, &current);
+			rd_kafka_poll(rk, 0);
+			if (!busy)
+				usleep((useconds_t) config.poll_interval_ms * 1000);
+		}
+		rd_kafka_flush(rk, config.delivery_timeout_ms);
+		rd_kafka_destroy(rk);
+		for (i = 0; i < config.ndatabases; i++)
+			disconnect(&dbs[i], NULL);
+		if (stop_requested)
+		{
+			say("LOG", "stopped");
+			return 0;
+		}
+		reload_requested = 0;
+		{
+			Config next;
+
+			if (config_load(&next, config_file))
+			{
+				config_free(&config);
+				config = next;
+				say("LOG", "settings reloaded");
+			}
+			else
+			{
+				config_free(&next);
+				say("ERROR", "settings not reloaded: the old ones stay");
+			}
+		}
+	}
+}
+
+/* ---------------------------------------------------------------------
+ * --check
+ * --------------------------------------------------------------------- */
+
+/*
+ * The grants the relay's statements need (docs/security.md, "The
+ * workers"), as has_*_privilege checks.
+ */
+static const char *const grant_checks[][2] = {
+	{"USAGE on schema obx", "has_schema_privilege('obx', 'USAGE')"},
+	{"SELECT, INSERT on obx.claims", "has_table_privilege('obx.claims', 'SELECT, INSERT')"},
+	{"SELECT, INSERT on obx.records", "has_table_privilege('obx.records', 'SELECT, INSERT')"},
+	{"SELECT, INSERT on obx.renewals", "has_table_privilege('obx.renewals', 'SELECT, INSERT')"},
+	{"SELECT on obx.events", "has_table_privilege('obx.events', 'SELECT')"},
+	{"SELECT, INSERT, UPDATE on obx.event_states", "has_table_privilege('obx.event_states', 'SELECT, INSERT, UPDATE')"},
+	{"USAGE on obx.lease_seq", "has_sequence_privilege('obx.lease_seq', 'USAGE')"},
+	{"EXECUTE on obx._tick()", "has_function_privilege('obx._tick()', 'EXECUTE')"},
+	{"EXECUTE on obx._hold(uuid[])", "has_function_privilege('obx._hold(uuid[])', 'EXECUTE')"},
+	{"EXECUTE on obx._rotate(float8)", "has_function_privilege('obx._rotate(float8)', 'EXECUTE')"},
+};
+
+static bool
+check_database(const char *conninfo)
+{
+	const char *keys[] = {"application_name", "dbname", NULL};
+	const char *values[] = {"obx-relay --check", conninfo, NULL};
+	PGconn *conn = PQconnectdbParams(keys, values, 1);
+	PGresult *res;
+	bool ok = true;
+	size_t i;
+
+	if (PQstatus(conn) != CONNECTION_OK)
+	{
+		printf("FAIL  connect: %s", PQerrorMessage(conn));
+		PQfinish(conn);
+		return false;
+	}
+	printf("ok    connected to database \"%s\" on %s as role \"%s\"%s\n", PQdb(conn),
+		   PQhost(conn), PQuser(conn), PQsslInUse(conn) ? " over TLS" : "");
+	res = PQexec(conn, "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user");
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 &&
+		strcmp(PQgetvalue(res, 0, 0), "t") == 0)
+		printf("WARN  role \"%s\" is a superuser: give obx-relay a role with obx_worker's grants only\n",
+			   PQuser(conn));
+	PQclear(res);
+	res = PQexec(conn, "SELECT pg_catalog.obj_description('obx'::pg_catalog.regnamespace, 'pg_namespace'),"
+					   " (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'obx')");
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		printf("FAIL  obx is not installed in this database (no schema obx)\n");
+		PQclear(res);
+		PQfinish(conn);
+		return false;
+	}
+	if (!PQgetisnull(res, 0, 1))
+		printf("ok    obx %s is installed as an extension\n", PQgetvalue(res, 0, 1));
+	else
+		printf("ok    %s\n", PQgetvalue(res, 0, 0));
+	PQclear(res);
+	for (i = 0; i < sizeof(grant_checks) / sizeof(grant_checks[0]); i++)
+	{
+		char sql[256];
+
+		snprintf(sql, sizeof(sql), "SELECT pg_catalog.%s", grant_checks[i][1]);
+		res = PQexec(conn, sql);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK || strcmp(PQgetvalue(res, 0, 0), "t") != 0)
+		{
+			printf("FAIL  role \"%s\" lacks %s (GRANT obx_worker TO %s)\n", PQuser(conn),
+				   grant_checks[i][0], PQuser(conn));
+			ok = false;
+		}
+		PQclear(res);
+	}
+	if (ok)
+		printf("ok    role \"%s\" holds every grant the relay needs\n", PQuser(conn));
+	PQfinish(conn);
+	return ok;
+}
+
+static bool
+check_brokers(void)
+{
+	Batch none;
+	rd_kafka_t *rk;
+	const struct rd_kafka_metadata *md;
+	rd_kafka_resp_err_t err;
+
+	memset(&none, 0, sizeof(none));
+	rk = kafka_create(&none);
+	if (rk == NULL)
+	{
+		printf("FAIL  the Kafka settings are refused (above)\n");
+		return false;
+	}
+	err = rd_kafka_metadata(rk, 0, NULL, &md, 10000);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		printf("FAIL  brokers %s: %s\n", config.brokers, rd_kafka_err2str(err));
+		rd_kafka_destroy(rk);
+		return false;
+	}
+	printf("ok    brokers %s answer: %d broker(s) in the cluster\n", config.brokers, md->broker_cnt);
+	rd_kafka_metadata_destroy(md);
+	rd_kafka_destroy(rk);
+	return true;
+}
+
+static int
+check(void)
+{
+	bool ok = true;
+	int i;
+
+	for (i = 0; i < config.ndatabases; i++)
+		ok &= check_database(config.databases[i]);
+	ok &= check_brokers();
+	printf("%s\n", ok ? "obx-relay --check: ok" : "obx-relay --check: FAILED");
+	return ok ? 0 : 1;
+}
+
+static void
+usage(void)
+{
+	fprintf(stderr,
+			"obx-relay publishes obx's outbox to Kafka from outside the database.\n\n"
+			"Usage: obx-relay [--config FILE] [--check]\n\n"
+			"  --config FILE  settings, one \"name = value\" per line; OBX_RELAY_<NAME>\n"
+			"                 in the environment overrides them\n"
+			"  --check        check the databases, the role's grants and the brokers, then exit\n\n"
+			"Settings: docs/operations.md, \"Managed PostgreSQL\".\n");
+}
+
+int
+main(int argc, char **argv)
+{
+	bool check_only = false;
+	struct sigaction sa;
+	int i;
+
+	for (i = 1; i < argc; i++)
+	{
+		if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+			config_file = argv[++i];
+		else if (strcmp(argv[i], "--check") == 0)
+			check_only = true;
+		else
+		{
+			usage();
+			return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+		}
+	}
+	if (!config_load(&config, config_file))
+		return 2;
+	if (check_only)
+		return check();
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_stop;
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	sa.sa_handler = on_reload;
+	sigaction(SIGHUP, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	return run_relay();
+}

@@ -1,0 +1,209 @@
+# obx without its library: the SQL-only install and obx-relay, the relay
+# as a daemon (src/daemon/), on a PostgreSQL that never loads obx's
+# library.  The daemon connects over TCP with a SCRAM password, as a role
+# that is not superuser and holds only obx_worker's grants, and runs the
+# in-database relay's protocol (src/protocol/protocol.h).
+#
+# Proves, on the Kafka stand-in:
+# - --check says what is wrong: a role without the grants fails it, the
+#   relay's role passes;
+# - rollback: no rolled-back event (a whole transaction, or a savepoint)
+#   reaches Kafka, every committed one does;
+# - concurrent producers and the late committer: pgbench transactions
+#   that lock an order row and enqueue, a fifth rolling back, and one
+#   transaction that takes the first seq and commits last: the broker holds
+#   exactly the committed events, per key in enqueue order;
+# - the daemon killed (SIGKILL) after Kafka acknowledged a batch, before
+#   its record committed: the batch's lease runs out, a new daemon sends it
+#   again with the same ids, nothing is lost, per-key order holds;
+# - every broker down: the events wait (failed attempts are recorded as
+#   transient), and go out in order once the brokers are back;
+# - SIGHUP reloads the settings (a smaller batch_size takes effect);
+# - two daemons at once on one database: both claim, no event is sent
+#   twice, and the guarantees above hold (the claim lock and the leases are
+#   the in-database relay's); while another session holds the claim lock,
+#   neither claims;
+# - its sessions run as the role relay, not a superuser;
+# - SIGTERM stops it with exit status 0.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use ObxDaemon;
+use ObxTest;
+use ObxWindows;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $mock = start_mock();
+my $dir = PostgreSQL::Test::Utils::tempdir('relay');
+my $node = sql_only_node('daemon');
+
+is($node->safe_psql('postgres', q{
+	SELECT current_setting('shared_preload_libraries') || '|' ||
+		   (SELECT count(*) FROM pg_extension WHERE extname = 'obx') || '|' ||
+		   (SELECT count(*) FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+			 WHERE p.pronamespace = 'obx'::regnamespace AND l.lanname = 'c')}),
+	'|0|0', 'no library preloaded, no obx extension, no C function in schema obx');
+
+#
+# --check
+#
+$node->safe_psql('postgres', q{CREATE ROLE stranger LOGIN PASSWORD 'stranger-secret'});
+my ($status, $out) = relay_check(relay_config($node, $mock, $dir,
+	user => 'stranger', password => 'stranger-secret'));
+isnt($status, 0, '--check fails for a role without the grants');
+like($out, qr/FAIL\s+role "stranger" lacks SELECT, INSERT on obx\.claims/,
+	'--check names the grant that is missing');
+my $config = relay_config($node, $mock, $dir);
+($status, $out) = relay_check($config);
+is($status, 0, '--check passes for the relay role') or diag($out);
+like($out, qr/role "relay" holds every grant the relay needs/, '--check reports the grants');
+like($out, qr/brokers .* answer/, '--check reached the brokers');
+unlike($out, qr/superuser/, '--check: the relay role is not a superuser');
+
+my $relay = start_relay($config);
+
+#
+# Rollback.
+#
+my ($committed, $rolled_back) = enqueue_with_rollbacks($node, 'orders.rollback.v1', 10);
+broker_holds_exactly($mock, $node, 'orders.rollback.v1', [ keys %$committed ],
+	"topic = 'orders.rollback.v1'");
+my $seen = event_ids_at_broker(read_topic($mock, 'orders.rollback.v1'));
+is(scalar(grep { $seen->{$_} } keys %$rolled_back), 0, 'no rolled-back event reached Kafka');
+
+is($node->safe_psql('postgres',
+	q{SELECT string_agg(DISTINCT usename, ',') FROM pg_stat_activity
+	   WHERE application_name = 'obx-relay'}),
+	'relay', 'the daemon runs as the role relay');
+
+#
+# Concurrent producers and the late committer.
+#
+my ($late, $late_id) = late_committer($node, 'orders.v1');
+run_producers($node, norders => 100, clients => 4, per_client => 150,
+	topic => 'orders.v1', second_topic => 'orders.audit.v1',
+	what => 'pgbench: concurrent committing and rolling-back producers');
+$late->query_safe('COMMIT');
+$late->quit;
+ok(all_published($node), 'every committed event is recorded as published');
+for my $topic ('orders.v1', 'orders.audit.v1')
+{
+	my $ids = committed_ids($node, "topic = '$topic'");
+	broker_holds_exactly($mock, $node, $topic, [ map { @$_ } values %$ids ], "topic = '$topic'");
+}
+is($node->safe_psql('postgres', q{SELECT count(*) FROM obx.outbox_events
+	WHERE payload->>'rb' = 'true'}), 0, 'no event of a rolled-back transaction exists');
+
+#
+# Killed after the acknowledgement, before the record.
+#
+my $topic = 'orders.crash.v1';
+my $bg = $node->background_psql('postgres', on_error_stop => 0);
+my $bg_pid = $bg->query_safe('SELECT pg_backend_pid()');
+$bg->query_safe("SET lock_timeout = '10s'; BEGIN; LOCK TABLE obx.records IN SHARE MODE;");
+# One transaction, so that one claim takes the whole batch.
+my @batch = split /\n/, $node->safe_psql('postgres', qq{
+	SELECT obx.enqueue('$topic', 'ord_' || (g % 3), jsonb_build_object('n', g))
+	  FROM generate_series(1, 6) g});
+is(scalar(@batch), 6, 'six events enqueued in one transaction');
+wait_for_broker($mock, $topic, sub {
+	my $at = event_ids_at_broker(shift);
+	!grep { !$at->{$_} } @batch }, 'the batch at the broker');
+ok($node->poll_query_until('postgres', qq{
+	SELECT count(*) = 1 FROM pg_stat_activity
+	 WHERE application_name = 'obx-relay' AND wait_event_type = 'Lock'
+	   AND $bg_pid = ANY (pg_blocking_pids(pid))}),
+	'the daemon waits to record the acknowledged batch');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM obx.outbox_events WHERE published_at IS NULL'),
+	scalar(@batch), 'acknowledged by Kafka, not recorded as published');
+stop_relay($relay, 'KILL');
+$bg->query_safe('ROLLBACK');
+$bg->quit;
+$relay = start_relay($config);
+my $msgs = wait_for_broker($mock, $topic, sub {
+	my $at = event_ids_at_broker(shift);
+	!grep { ($at->{$_} // 0) < 2 } @batch }, 'the batch sent again after its lease ran out');
+ok(all_published($node), 'after the crash, every event is recorded as published');
+is_deeply(first_occurrences($msgs), committed_ids($node, "topic = '$topic'"),
+	'after the crash, per key, broker order equals enqueue order');
+like(relay_log($relay), qr/connected to database "postgres" as role "relay"/,
+	'the new daemon connected');
+
+#
+# Every broker down, then back.
+#
+$topic = 'orders.down.v1';
+mock_cmd($mock, 'down all');
+my @down = map {
+	$node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'ord_' || ($_ % 2), '{\"n\": $_}')")
+} 1 .. 4;
+ok($node->poll_query_until('postgres', q{
+	SELECT count(*) > 0 FROM obx.event_states WHERE last_error_class = 'transient'}),
+	'with the brokers down, failed attempts are recorded as transient');
+mock_cmd($mock, 'up all');
+broker_holds_exactly($mock, $node, $topic, \@down, "topic = '$topic'");
+ok(all_published($node), 'once the brokers are back, everything is published');
+
+#
+# Two daemons at once, in small batches: SIGHUP gives the first one its
+# new batch_size; each batch waits 200 ms for its acknowledgement, and
+# meanwhile the other daemon claims what the first one's leases leave free.
+#
+relay_config($node, $mock, $dir, path => $config, batch_size => 20);
+kill('HUP', $relay->{pid});
+ok(wait_until(sub { relay_log($relay) =~ /settings reloaded/ }, 'the reload'),
+	'SIGHUP: the daemon reloads its settings');
+my $second = start_relay(relay_config($node, $mock, $dir, relay_id => 1001, batch_size => 20));
+my $first_lease = $node->safe_psql('postgres', 'SELECT coalesce(max(lease_id), 0) FROM obx.claims');
+$node->safe_psql('postgres', 'DROP TABLE orders');
+unlink glob($node->basedir . '/producers_*.sql');
+mock_cmd($mock, 'rtt all 200');
+run_producers($node, norders => 50, clients => 4, per_client => 150,
+	topic => 'orders.two.v1', what => 'pgbench: producers with two daemons');
+ok(all_published($node), 'two daemons: every committed event is recorded as published');
+mock_cmd($mock, 'rtt all 0');
+my $ids = committed_ids($node, q{topic = 'orders.two.v1'});
+broker_holds_exactly($mock, $node, 'orders.two.v1', [ map { @$_ } values %$ids ],
+	q{topic = 'orders.two.v1'});
+$seen = event_ids_at_broker(read_topic($mock, 'orders.two.v1'));
+is(scalar(grep { $seen->{$_} != 1 } keys %$seen), 0,
+	'two daemons: no event reached Kafka twice (no crash, so no re-send)');
+my $claims = $node->safe_psql('postgres', qq{
+	SELECT owner || ': ' || count(*) || ' claims of at most ' || max(cardinality(ids)) || ' events'
+	  FROM obx.claims WHERE lease_id > $first_lease AND ids IS NOT NULL
+	 GROUP BY owner ORDER BY owner});
+note("claims per daemon: $claims");
+like($claims, qr/^1000: \d+ claims of at most (\d|1\d|20) events\n1001: \d+ claims of at most (\d|1\d|20) events$/,
+	'both daemons claimed batches, of at most the reloaded batch_size');
+
+#
+# The claim lock: while another session holds it, neither daemon claims
+# (both wait for it, so nothing is published); once it is free, they do.
+#
+$topic = 'orders.lock.v1';
+my $holder = $node->background_psql('postgres');
+$holder->query_safe('SELECT pg_advisory_lock(7299704, 1)');
+my @locked = split /\n/, $node->safe_psql('postgres', qq{
+	SELECT obx.enqueue('$topic', 'ord_' || g, '{}') FROM generate_series(1, 5) g});
+ok($node->poll_query_until('postgres', q{
+	SELECT count(*) = 2 FROM pg_stat_activity
+	 WHERE application_name = 'obx-relay' AND wait_event = 'advisory'}),
+	'both daemons wait for the claim lock');
+is($node->safe_psql('postgres', qq{SELECT count(*) FROM obx.outbox_events
+	WHERE topic = '$topic' AND published_at IS NULL}), 5,
+	'nothing is claimed while the claim lock is held');
+$holder->query_safe('SELECT pg_advisory_unlock(7299704, 1)');
+$holder->quit;
+broker_holds_exactly($mock, $node, $topic, \@locked, "topic = '$topic'");
+
+#
+# SIGTERM.
+#
+is(stop_relay($second), 0, 'SIGTERM stops the daemon with exit status 0');
+like(relay_log($second), qr/stopped/, 'the daemon says it stopped');
+is(stop_relay($relay), 0, 'the first daemon stops too');
+
+done_testing();
