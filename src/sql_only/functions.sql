@@ -217,14 +217,52 @@ IF v_old IS DISTINCT FROM ROW(v_topic, v_key, coalesce(v_payload::text, ''),
 END IF;
 
 -- snippet enqueue_one
-/* obx.enqueue and obx.enqueue_tombstone, after their arguments. */
+/*
+ * obx.enqueue and obx.enqueue_tombstone.  The common case first, in one
+ * condition that holds only when every check below would pass (no id or
+ * headers given, no trace context, obx.topics "*" or a plain list, and
+ * obx.max_payload_size in bytes): then the event goes in at once.  Each
+ * PL/pgSQL expression costs its set-up again in every transaction, and an
+ * application enqueues one event per transaction.  Anything else, errors
+ * included, takes the checks after it.
+ */
+v_setting := current_setting('obx.max_payload_size', true);
+v_max := CASE WHEN v_setting IS NULL OR v_setting = '' THEN 900000
+			  WHEN v_setting ~ '^[0-9]{1,9}B?$' THEN rtrim(v_setting, 'B')::bigint END;
+v_setting := coalesce(current_setting('obx.topics', true), '*');
+IF event_id IS NULL AND headers IS NULL AND event_key <> '' AND octet_length(event_key) <= 1024
+   AND octet_length(topic) <= 249 AND topic COLLATE "C" ~ '^[a-zA-Z0-9._-]+$'
+   AND topic NOT IN ('.', '..')
+   AND (v_setting = '*'
+		OR (v_setting ~ '^[ \t]*[A-Za-z0-9._-]+\*?[ \t]*(,[ \t]*[A-Za-z0-9._-]+\*?[ \t]*)*$'
+			AND topic LIKE ANY (string_to_array(replace(replace(translate(v_setting, E' \t', ''),
+																 '_', '\_'), '*', '%'), ','))))
+   AND (aggregate_id IS NULL OR aggregate_id <> '') AND (event_type IS NULL OR event_type <> '')
+   AND v_max BETWEEN 1 AND 100000000
+   AND (CASE WHEN v_payload IS NULL THEN v_tombstone IS TRUE
+			 ELSE jsonb_typeof(v_payload) = 'object' AND octet_length(v_payload::text) <= v_max END)
+   AND coalesce(current_setting('obx.traceparent', true), '') = ''
+   AND coalesce(current_setting('obx.tracestate', true), '') = '' THEN
+	-- @new_id
+	v_id := encode(v_bytes, 'hex')::uuid;
+	INSERT INTO obx.events (id, aggregate_id, topic, event_key, event_type, headers, payload)
+	VALUES (v_id, coalesce(aggregate_id, event_key), topic, event_key, event_type, NULL, v_payload);
+	RETURN v_id;
+END IF;
+
+v_topic := topic;
+v_key := event_key;
+v_aggregate_id := aggregate_id;
+v_event_type := event_type;
+v_headers := headers;
+v_id := event_id;
 IF v_topic IS NULL THEN
 	RAISE EXCEPTION 'obx event topic must not be null' USING ERRCODE = '22004';
 END IF;
 IF v_key IS NULL THEN
 	RAISE EXCEPTION 'obx event key must not be null' USING ERRCODE = '22004';
 END IF;
-IF v_payload IS NULL AND NOT v_tombstone THEN
+IF v_payload IS NULL AND v_tombstone IS NOT TRUE THEN
 	RAISE EXCEPTION 'obx event payload must not be null' USING ERRCODE = '22004',
 		HINT = 'To delete the key from a compacted topic, use obx.enqueue_tombstone.';
 END IF;
@@ -248,12 +286,14 @@ END IF;
 RETURN v_id;
 
 -- snippet enqueue_vars
-v_topic text := topic;
-v_key text := event_key;
-v_aggregate_id text := aggregate_id;
-v_event_type text := event_type;
-v_headers jsonb := headers;
-v_id uuid := event_id;
+v_topic text;
+v_key text;
+v_aggregate_id text;
+v_event_type text;
+v_headers jsonb;
+v_id uuid;
+v_payload jsonb;
+v_tombstone boolean;
 v_setting text;
 v_entry text;
 v_value jsonb;
@@ -282,9 +322,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	-- @enqueue_vars
-	v_payload jsonb := payload;
-	v_tombstone boolean := false;
 BEGIN
+	v_payload := payload;
 	-- @enqueue_one
 END
 $$;
@@ -303,9 +342,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	-- @enqueue_vars
-	v_payload jsonb := NULL;
-	v_tombstone boolean := true;
 BEGIN
+	v_tombstone := true;
 	-- @enqueue_one
 END
 $$;
