@@ -548,6 +548,43 @@ kafka_create(Batch *current)
 	return rk;
 }
 
+/*
+ * Ask the brokers at once for the metadata of each topic of the batch not
+ * produced to before: librdkafka 2.0 would otherwise wait for its periodic
+ * topic scan before sending the first batch of a topic (src/relay/kafka.c,
+ * learn_topics).  At most half a second per new topic, no transaction open.
+ */
+#define MAX_KNOWN_TOPICS 1024
+static char *known_topics[MAX_KNOWN_TOPICS];
+static int nknown_topics = 0;
+
+static void
+learn_topics(rd_kafka_t *rk, Batch *batch)
+{
+	int i;
+	int j;
+
+	for (i = 0; i < batch->nevents; i++)
+	{
+		const char *topic = batch->events[i].topic;
+		rd_kafka_topic_t *rkt;
+		const struct rd_kafka_metadata *md;
+		bool known = false;
+
+		for (j = 0; j < nknown_topics && !known; j++)
+			known = strcmp(known_topics[j], topic) == 0;
+		if (known || nknown_topics == MAX_KNOWN_TOPICS)
+			continue;
+		known_topics[nknown_topics++] = xstrdup(topic);
+		rkt = rd_kafka_topic_new(rk, topic, NULL);
+		if (rkt == NULL)
+			continue;
+		if (rd_kafka_metadata(rk, 0, rkt, &md, 500) == RD_KAFKA_RESP_ERR_NO_ERROR)
+			rd_kafka_metadata_destroy(md);
+		rd_kafka_topic_destroy(rkt);
+	}
+}
+
 static bool
 same_key(const Event *a, const Event *b)
 {
@@ -566,6 +603,7 @@ produce(rd_kafka_t *rk, Batch *batch)
 	int nrefused = 0;
 	int i;
 
+	learn_topics(rk, batch);
 	batch->in_flight = 0;
 	for (i = 0; i < batch->nevents; i++)
 	{
@@ -1369,6 +1407,8 @@ run_relay(void)
 		}
 		rd_kafka_flush(rk, config.delivery_timeout_ms);
 		rd_kafka_destroy(rk);
+		while (nknown_topics > 0)
+			free(known_topics[--nknown_topics]);
 		for (i = 0; i < config.ndatabases; i++)
 			disconnect(&dbs[i], NULL);
 		if (stop_requested)
