@@ -611,7 +611,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$ SELECT obx._mark_processed(/* @caller */, consumer_name, event_id) $$;
 
 -- snippet caller
-coalesce(to_regrole(nullif(current_setting('role'), 'none'))::oid,
+coalesce((SELECT r.oid FROM pg_roles r
+		   WHERE r.rolname = current_setting('role') AND current_setting('role') <> 'none'),
 		 (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user))
 
 -- replaces obx._replay_handler

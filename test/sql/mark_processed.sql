@@ -78,9 +78,11 @@ SELECT consumer_name, count(*) AS events
 CREATE ROLE regress_mark_bob;
 CREATE ROLE regress_mark_mallory;
 CREATE ROLE regress_mark_deputy IN ROLE regress_mark_bob;
-GRANT USAGE ON SCHEMA obx TO regress_mark_bob, regress_mark_mallory, regress_mark_deputy;
+CREATE ROLE "Regress Mark Carol";
+GRANT USAGE ON SCHEMA obx TO regress_mark_bob, regress_mark_mallory, regress_mark_deputy,
+	"Regress Mark Carol";
 GRANT EXECUTE ON FUNCTION obx.mark_processed(text, text)
-	TO regress_mark_bob, regress_mark_mallory, regress_mark_deputy;
+	TO regress_mark_bob, regress_mark_mallory, regress_mark_deputy, "Regress Mark Carol";
 SET ROLE regress_mark_bob;
 SELECT obx.mark_processed('shipping', 'evt_1') AS bob_first;
 RESET ROLE;
@@ -95,13 +97,19 @@ SET ROLE regress_mark_deputy;
 SELECT obx.mark_processed('shipping', 'evt_2') AS deputy_first;
 SELECT obx.mark_processed('shipping', 'evt_1') AS deputy_duplicate;
 RESET ROLE;
+-- A role whose name needs quotes claims a name as itself.
+SET ROLE "Regress Mark Carol";
+SELECT obx.mark_processed('billing-carol', 'evt_1') AS carol_first;
+RESET ROLE;
+SELECT owner FROM obx.consumer_owners WHERE consumer_name = 'billing-carol';
 -- A superuser may act for any consumer, and claims no name by doing so.
 SELECT obx.mark_processed('shipping', 'evt_3') AS superuser_first;
 SELECT obx.mark_processed('unclaimed', 'evt_1') AS superuser_unclaimed;
 SELECT count(*) AS unclaimed_owners FROM obx.consumer_owners WHERE consumer_name = 'unclaimed';
-DELETE FROM obx.processed_events WHERE consumer_name IN ('shipping', 'unclaimed');
-DELETE FROM obx.consumer_owners WHERE consumer_name = 'shipping';
+DELETE FROM obx.processed_events WHERE consumer_name IN ('shipping', 'unclaimed', 'billing-carol');
+DELETE FROM obx.consumer_owners WHERE consumer_name IN ('shipping', 'billing-carol');
 REVOKE ALL ON FUNCTION obx.mark_processed(text, text)
-	FROM regress_mark_bob, regress_mark_mallory, regress_mark_deputy;
-REVOKE USAGE ON SCHEMA obx FROM regress_mark_bob, regress_mark_mallory, regress_mark_deputy;
-DROP ROLE regress_mark_deputy, regress_mark_mallory, regress_mark_bob;
+	FROM regress_mark_bob, regress_mark_mallory, regress_mark_deputy, "Regress Mark Carol";
+REVOKE USAGE ON SCHEMA obx FROM regress_mark_bob, regress_mark_mallory, regress_mark_deputy,
+	"Regress Mark Carol";
+DROP ROLE regress_mark_deputy, regress_mark_mallory, regress_mark_bob, "Regress Mark Carol";
