@@ -23,7 +23,9 @@
 #   twice, and the guarantees above hold (the claim lock and the leases are
 #   the in-database relay's); while another session holds the claim lock,
 #   neither claims;
-# - its sessions run as the role relay, not a superuser;
+# - its sessions run as the role relay, not a superuser, and defaults set
+#   for that role (read-only, serializable, 1 ms timeouts, a search_path
+#   with a hostile now() first) neither stop it nor run that function;
 # - SIGTERM stops it with exit status 0.
 use strict;
 use warnings;
@@ -63,6 +65,27 @@ like($out, qr/role "relay" holds every grant the relay needs/, '--check reports 
 like($out, qr/brokers .* answer/, '--check reached the brokers');
 unlike($out, qr/superuser/, '--check: the relay role is not a superuser');
 
+# Hostile defaults for the daemon's sessions: read-only transactions,
+# serializable, timeouts of a millisecond, and a search_path that puts a
+# schema of someone else's first, with a now() of its own.  The daemon
+# pins its settings (OBX_PINNED_SETTINGS): none of this may stop it or run
+# that function.
+$node->safe_psql('postgres', q{
+	CREATE ROLE mallory;
+	CREATE SCHEMA evil AUTHORIZATION mallory;
+	CREATE TABLE evil.calls (who text);
+	GRANT INSERT ON evil.calls TO PUBLIC;
+	GRANT USAGE ON SCHEMA evil TO PUBLIC;
+	CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE sql
+		AS $$ INSERT INTO evil.calls VALUES (current_user) RETURNING '-infinity'::timestamptz $$;
+	ALTER FUNCTION evil.now() OWNER TO mallory;
+	GRANT EXECUTE ON FUNCTION evil.now() TO PUBLIC;
+	ALTER ROLE relay IN DATABASE postgres SET default_transaction_read_only = on;
+	ALTER ROLE relay IN DATABASE postgres SET default_transaction_isolation = 'serializable';
+	ALTER ROLE relay IN DATABASE postgres SET statement_timeout = '1ms';
+	ALTER ROLE relay IN DATABASE postgres SET lock_timeout = '1ms';
+	ALTER ROLE relay IN DATABASE postgres SET search_path = evil, pg_catalog;});
+
 my $relay = start_relay($config);
 
 #
@@ -78,6 +101,8 @@ is($node->safe_psql('postgres',
 	q{SELECT string_agg(DISTINCT usename, ',') FROM pg_stat_activity
 	   WHERE application_name = 'obx-relay'}),
 	'relay', 'the daemon runs as the role relay');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM evil.calls'), 0,
+	'with hostile role defaults, the daemon published and never called a function of another schema');
 
 #
 # Concurrent producers and the late committer.

@@ -751,23 +751,18 @@ pin_settings(Database *db)
 	for (i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
 	{
 		const char *params[2] = {pinned[i][0], pinned[i][1]};
-		PGresult *res = PQexecParams(db->conn, "SELECT pg_catalog.set_config($1, $2, false)", 2,
-									 NULL, params, NULL, NULL, 0);
-		bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+		PGresult *res = PQexecParams(db->conn,
+									 "SELECT pg_catalog.current_setting($1) = $2"
+									 " OR pg_catalog.set_config($1, $2, false) IS NOT NULL",
+									 2, NULL, params, NULL, NULL, 0);
+		bool ok = PQresultStatus(res) == PGRES_TUPLES_OK && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 
-		PQclear(res);
-		if (ok)
-			continue;
-		res = PQexecParams(db->conn, "SELECT pg_catalog.current_setting($1) = $2", 2, NULL,
-						   params, NULL, NULL, 0);
-		ok = PQresultStatus(res) == PGRES_TUPLES_OK && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+		if (!ok)
+			say("ERROR", "the relay's sessions need %s = '%s', and this role may not set it: %s",
+				pinned[i][0], pinned[i][1], PQresultErrorMessage(res));
 		PQclear(res);
 		if (!ok)
-		{
-			say("ERROR", "the relay's sessions need %s = '%s', and this role may not set it",
-				pinned[i][0], pinned[i][1]);
 			return false;
-		}
 	}
 	return true;
 }
