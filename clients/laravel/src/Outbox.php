@@ -4,6 +4,8 @@ namespace Obx\Laravel;
 
 use Illuminate\Database\ConnectionInterface;
 use Illuminate\Database\ConnectionResolverInterface;
+use Illuminate\Database\QueryException;
+use InvalidArgumentException;
 use LogicException;
 use Obx\Laravel\Contracts\ShouldPublishToKafka;
 use Obx\Laravel\Exceptions\InvalidEvent;
@@ -130,6 +132,74 @@ class Outbox
     public function createExtension(): void
     {
         $this->db()->statement('CREATE EXTENSION IF NOT EXISTS obx');
+    }
+
+    /**
+     * Installs obx from $sqlFile, the SQL-only install (obx-sql-only.sql,
+     * from `make obx-sql-only.sql`) for a PostgreSQL that cannot load obx's
+     * library: once per database, as its owner (which needs CREATEROLE if
+     * the role obx_worker does not exist yet).  Inside a transaction, such
+     * as a migration's, it runs without the file's BEGIN and COMMIT, which
+     * would commit that transaction half way, and is all or nothing with
+     * it; outside one the file is its own transaction.
+     * PostgreSQL's refusals (obx there already, no CREATEROLE) throw a
+     * QueryException and install nothing.
+     *
+     * @throws InvalidArgumentException before any SQL, for a file that is not that install
+     */
+    public function install(string $sqlFile): void
+    {
+        $db = $this->db();
+        [$whole, $statements] = self::readSqlOnlyInstall($sqlFile);
+        if ($db->transactionLevel() > 0) {
+            $db->unprepared($statements);
+            return;
+        }
+        try {
+            $db->unprepared($whole);
+        } catch (QueryException $e) {
+            // An error after the file's BEGIN leaves the session in that
+            // transaction, aborted: end it, or every later query fails.
+            if ($db->getPdo()->inTransaction()) {
+                $db->getPdo()->exec('ROLLBACK');
+            }
+            throw $e;
+        }
+    }
+
+    /**
+     * The SQL-only install in $sqlFile: the whole file, and its statements
+     * between its BEGIN and COMMIT lines.  Checks what tools/gen-sql-only
+     * promises: a header comment that names it, BEGIN; as the first line
+     * after that, COMMIT; as the last non-empty one (a truncated copy has
+     * none).
+     *
+     * @return array{string, string}
+     */
+    private static function readSqlOnlyInstall(string $sqlFile): array
+    {
+        $refuse = fn (string $why) => new InvalidArgumentException("obx install: $sqlFile $why");
+        if (!is_file($sqlFile)) {
+            throw $refuse(file_exists($sqlFile) ? 'is not a file' : 'does not exist');
+        }
+        $sql = is_readable($sqlFile) ? file_get_contents($sqlFile) : false;
+        if ($sql === false) {
+            throw $refuse('is not readable');
+        }
+        $refuse = fn (string $why) => $refuse("is not obx's SQL-only install as `make obx-sql-only.sql` writes it: $why");
+        if (!preg_match('~\A\s*/\*(.*?)\*/\h*\r?\n~s', $sql, $header)
+            || !preg_match('/\bobx\b.*\bSQL-only install\b/s', $header[1])) {
+            throw $refuse('it does not start with a comment that says "SQL-only install"');
+        }
+        $rest = substr($sql, strlen($header[0]));
+        if (!preg_match('/\A\s*^BEGIN;\h*\r?$/m', $rest, $begin)) {
+            throw $refuse('its first statement is not BEGIN;');
+        }
+        if (!preg_match('/^COMMIT;\s*\z/m', $rest, $commit, PREG_OFFSET_CAPTURE)) {
+            throw $refuse('its last line is not COMMIT; (a truncated copy?)');
+        }
+        $start = strlen($begin[0]);
+        return [$sql, substr($rest, $start, $commit[0][1] - $start)];
     }
 
     /**

@@ -13,6 +13,7 @@ use Obx\Laravel\Testing\ObxFake;
  * @method static string publish(\Obx\Laravel\Contracts\ShouldPublishToKafka $event)
  * @method static \Obx\Laravel\Outbox connection(?string $name)
  * @method static void createExtension()
+ * @method static void install(string $sqlFile)
  * @method static void subscribe(string $consumer, array|string $topics, string $handler, array $options = [])
  * @method static bool unsubscribe(string $consumer)
  * @method static bool markProcessed(string $consumer, string $eventId)
