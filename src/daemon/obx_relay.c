@@ -949,32 +949,35 @@ batch_free(Batch *batch)
 	memset(batch, 0, sizeof(*batch));
 }
 
+/* The claim lock's key as the statements' two text parameters. */
+static const char *const *
+claim_lock_key(void)
+{
+	static char cls[16];
+	static char obj[16];
+	static const char *const key[2] = {cls, obj};
+
+	if (cls[0] == '\0')
+	{
+		snprintf(cls, sizeof(cls), "%d", OBX_CLAIM_LOCK_CLASS);
+		snprintf(obj, sizeof(obj), "%d", OBX_CLAIM_LOCK_OBJECT);
+	}
+	return key;
+}
+
 static bool
 claim_lock_session(Database *db, bool lock)
 {
-	char sql[128];
+	PGresult *res = PQexecParams(db->conn,
+								 lock ? OBX_SQL_CLAIM_LOCK_SESSION : OBX_SQL_CLAIM_UNLOCK_SESSION,
+								 2, NULL, claim_lock_key(), NULL, NULL, 0);
+	bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
 
-	snprintf(sql, sizeof(sql), "%s",
-			 lock ? OBX_SQL_CLAIM_LOCK_SESSION : OBX_SQL_CLAIM_UNLOCK_SESSION);
-	{
-		char cls[16];
-		char obj[16];
-		const char *params[2] = {cls, obj};
-		PGresult *res;
-
-		snprintf(cls, sizeof(cls), "%d", OBX_CLAIM_LOCK_CLASS);
-		snprintf(obj, sizeof(obj), "%d", OBX_CLAIM_LOCK_OBJECT);
-		res = PQexecParams(db->conn, sql, 2, NULL, params, NULL, NULL, 0);
-		if (PQresultStatus(res) != PGRES_TUPLES_OK)
-		{
-			say("ERROR", "could not %s the claim lock: %s", lock ? "take" : "release",
-				PQresultErrorMessage(res));
-			PQclear(res);
-			return false;
-		}
-		PQclear(res);
-	}
-	return true;
+	if (!ok)
+		say("ERROR", "could not %s the claim lock: %s", lock ? "take" : "release",
+			PQresultErrorMessage(res));
+	PQclear(res);
+	return ok;
 }
 
 /*
@@ -1106,126 +1109,109 @@ uuid_literal(Event **events, int n)
 }
 
 /*
- * record
- *		Write what Kafka said about the batch, in one short transaction
- *		(asynchronously committed: a lost record means a re-send with the
- *		same ids).  Failed events get their error, a backoff or a
- *		quarantine while the lease is live (under the claim lock); the
- *		record of the delivered ones ends the lease.  False if the database
- *		failed.
+ * The failed events: held in obx.event_states with their error, a backoff
+ * or a quarantine, but only while the batch's lease is live (checked under
+ * the claim lock, as outbox.c does), or another relay may have them
+ * already.  In the record's transaction; false if the database failed.
  */
 static bool
-record(Database *db, Batch *batch)
+record_failed(Database *db, Event **failed, int nfailed, const char *lease_id)
 {
-	Event **done = xcalloc(batch->nevents, sizeof(Event *));
-	Event **failed = xcalloc(batch->nevents, sizeof(Event *));
-	int ndone = 0;
-	int nfailed = 0;
-	char lease_id[32];
-	char max_seq[32];
+	const char *live_params[1] = {lease_id};
+	Buf classes = {0};
+	Buf messages = {0};
+	Buf timed_out = {0};
+	char attempts[16];
+	char bmin[16];
+	char bmax[16];
+	char *fids;
+	const char *params[7];
+	PGresult *res;
+	bool live;
+	bool ok;
+	int i;
+
+	if ((res = run(db, "obx_claim_lock", claim_lock_key(), 0)) == NULL)
+		return false;
+	PQclear(res);
+	if ((res = run(db, "obx_live", live_params, 0)) == NULL)
+		return false;
+	live = PQntuples(res) == 1;
+	PQclear(res);
+	if (!live)
+	{
+		say("LOG", "lost the lease of %d failed events before recording them", nfailed);
+		return true;
+	}
+
+	buf_str(&classes, "{");
+	buf_str(&messages, "{");
+	buf_str(&timed_out, "{");
+	for (i = 0; i < nfailed; i++)
+	{
+		char msg[1024];
+
+		if (i > 0)
+		{
+			buf_str(&classes, ",");
+			buf_str(&messages, ",");
+			buf_str(&timed_out, ",");
+		}
+		buf_str(&classes, obx_error_class_name(obx_kafka_classify(failed[i]->err)));
+		snprintf(msg, sizeof(msg), "%s: %s%s", obx_kafka_error_name(failed[i]->err),
+				 obx_kafka_error_text(failed[i]->err),
+				 failed[i]->refused_locally ? " (refused by librdkafka, not sent)" : "");
+		buf_quoted(&messages, msg);
+		buf_str(&timed_out, obx_kafka_timed_out(failed[i]->err) ? "t" : "f");
+		if (i < 10)
+			say("WARNING", "could not publish event %s to topic %s: %s", failed[i]->id,
+				failed[i]->topic, msg);
+	}
+	buf_str(&classes, "}");
+	buf_str(&messages, "}");
+	buf_str(&timed_out, "}");
+	fids = uuid_literal(failed, nfailed);
+	snprintf(attempts, sizeof(attempts), "%d", config.max_attempts);
+	snprintf(bmin, sizeof(bmin), "%d", config.backoff_min_ms);
+	snprintf(bmax, sizeof(bmax), "%d", config.backoff_max_ms);
+	params[0] = fids;
+	params[1] = attempts;
+	params[2] = bmin;
+	params[3] = bmax;
+	params[4] = classes.data;
+	params[5] = messages.data;
+	params[6] = timed_out.data;
+	ok = (res = run(db, "obx_hold", (const char *const[]){fids}, 0)) != NULL;
+	PQclear(res);
+	ok = ok && (res = run(db, "obx_failed", params, 0)) != NULL;
+	if (ok)
+		PQclear(res);
+	free(fids);
+	free(classes.data);
+	free(messages.data);
+	free(timed_out.data);
+	return ok;
+}
+
+/*
+ * The batch's record: the delivered events, where they landed and when
+ * Kafka acknowledged each (none for a release), which ends the lease; those
+ * held in obx.event_states are marked published there.  In the record's
+ * transaction; false if the database failed.
+ */
+static bool
+record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
+				 const char *max_seq)
+{
+	char *ids = uuid_literal(done, ndone);
 	Buf parts = {0};
 	Buf offsets = {0};
 	Buf acked = {0};
-	char *ids = NULL;
-	bool ok = false;
+	const char *params[6];
 	PGresult *res;
+	bool ok;
 	int i;
 
-	for (i = 0; i < batch->nevents; i++)
-	{
-		if (batch->events[i].outcome == DELIVERED)
-			done[ndone++] = &batch->events[i];
-		else if (batch->events[i].outcome == FAILED)
-			failed[nfailed++] = &batch->events[i];
-	}
-	snprintf(lease_id, sizeof(lease_id), "%lld", batch->lease_id);
-	snprintf(max_seq, sizeof(max_seq), "%lld", batch->max_seq);
-	if (!exec(db, "BEGIN; SET LOCAL synchronous_commit = off"))
-		goto done;
-
-	if (nfailed > 0)
-	{
-		char cls[16];
-		char obj[16];
-		const char *lock_params[2] = {cls, obj};
-		const char *live_params[1] = {lease_id};
-		bool live;
-
-		snprintf(cls, sizeof(cls), "%d", OBX_CLAIM_LOCK_CLASS);
-		snprintf(obj, sizeof(obj), "%d", OBX_CLAIM_LOCK_OBJECT);
-		if ((res = run(db, "obx_claim_lock", lock_params, 0)) == NULL)
-			goto done;
-		PQclear(res);
-		if ((res = run(db, "obx_live", live_params, 0)) == NULL)
-			goto done;
-		live = PQntuples(res) == 1;
-		PQclear(res);
-		if (live)
-		{
-			Buf classes = {0};
-			Buf messages = {0};
-			Buf timed_out = {0};
-			char attempts[16];
-			char bmin[16];
-			char bmax[16];
-			char *fids = uuid_literal(failed, nfailed);
-			const char *hold_params[1] = {fids};
-			const char *params[7];
-			bool step_ok;
-
-			buf_str(&classes, "{");
-			buf_str(&messages, "{");
-			buf_str(&timed_out, "{");
-			for (i = 0; i < nfailed; i++)
-			{
-				char msg[1024];
-
-				if (i > 0)
-				{
-					buf_str(&classes, ",");
-					buf_str(&messages, ",");
-					buf_str(&timed_out, ",");
-				}
-				buf_str(&classes, obx_error_class_name(obx_kafka_classify(failed[i]->err)));
-				snprintf(msg, sizeof(msg), "%s: %s%s", obx_kafka_error_name(failed[i]->err),
-						 obx_kafka_error_text(failed[i]->err),
-						 failed[i]->refused_locally ? " (refused by librdkafka, not sent)" : "");
-				buf_quoted(&messages, msg);
-				buf_str(&timed_out, obx_kafka_timed_out(failed[i]->err) ? "t" : "f");
-				if (i < 10)
-					say("WARNING", "could not publish event %s to topic %s: %s", failed[i]->id,
-						failed[i]->topic, msg);
-			}
-			buf_str(&classes, "}");
-			buf_str(&messages, "}");
-			buf_str(&timed_out, "}");
-			snprintf(attempts, sizeof(attempts), "%d", config.max_attempts);
-			snprintf(bmin, sizeof(bmin), "%d", config.backoff_min_ms);
-			snprintf(bmax, sizeof(bmax), "%d", config.backoff_max_ms);
-			params[0] = fids;
-			params[1] = attempts;
-			params[2] = bmin;
-			params[3] = bmax;
-			params[4] = classes.data;
-			params[5] = messages.data;
-			params[6] = timed_out.data;
-			step_ok = (res = run(db, "obx_hold", hold_params, 0)) != NULL;
-			PQclear(res);
-			step_ok = step_ok && (res = run(db, "obx_failed", params, 0)) != NULL;
-			if (step_ok)
-				PQclear(res);
-			free(fids);
-			free(classes.data);
-			free(messages.data);
-			free(timed_out.data);
-			if (!step_ok)
-				goto done;
-		}
-		else
-			say("LOG", "lost the lease of %d failed events before recording them", nfailed);
-	}
-
-	ids = uuid_literal(done, ndone);
 	buf_str(&parts, "{");
 	buf_str(&offsets, "{");
 	buf_str(&acked, "{");
@@ -1255,28 +1241,61 @@ record(Database *db, Batch *batch)
 	buf_str(&parts, "}");
 	buf_str(&offsets, "}");
 	buf_str(&acked, "}");
+	params[0] = ids;
+	params[1] = parts.data;
+	params[2] = offsets.data;
+	params[3] = acked.data;
+	params[4] = lease_id;
+	params[5] = max_seq;
+	ok = (res = run(db, "obx_record", params, 0)) != NULL;
+	PQclear(res);
+	if (ok && ndone > 0)
 	{
-		const char *params[6] = {ids, parts.data, offsets.data, acked.data, lease_id, max_seq};
 		const char *held_params[2] = {ids, acked.data};
 
-		if ((res = run(db, "obx_record", params, 0)) == NULL)
-			goto done;
+		ok = (res = run(db, "obx_held_published", held_params, 0)) != NULL;
 		PQclear(res);
-		if (ndone > 0)
-		{
-			if ((res = run(db, "obx_held_published", held_params, 0)) == NULL)
-				goto done;
-			PQclear(res);
-		}
 	}
-	ok = exec(db, "COMMIT");
-done:
-	if (!ok && PQstatus(db->conn) == CONNECTION_OK)
-		(void) exec(db, "ROLLBACK");
 	free(ids);
 	free(parts.data);
 	free(offsets.data);
 	free(acked.data);
+	return ok;
+}
+
+/*
+ * record
+ *		Write what Kafka said about the batch, in one short transaction
+ *		(asynchronously committed: a lost record means a re-send with the
+ *		same ids): failures first, since the record ends the lease they are
+ *		written under.  False if the database failed.
+ */
+static bool
+record(Database *db, Batch *batch)
+{
+	Event **done = xcalloc(batch->nevents, sizeof(Event *));
+	Event **failed = xcalloc(batch->nevents, sizeof(Event *));
+	int ndone = 0;
+	int nfailed = 0;
+	char lease_id[32];
+	char max_seq[32];
+	bool ok;
+	int i;
+
+	for (i = 0; i < batch->nevents; i++)
+	{
+		if (batch->events[i].outcome == DELIVERED)
+			done[ndone++] = &batch->events[i];
+		else if (batch->events[i].outcome == FAILED)
+			failed[nfailed++] = &batch->events[i];
+	}
+	snprintf(lease_id, sizeof(lease_id), "%lld", batch->lease_id);
+	snprintf(max_seq, sizeof(max_seq), "%lld", batch->max_seq);
+	ok = exec(db, "BEGIN; SET LOCAL synchronous_commit = off") &&
+		 (nfailed == 0 || record_failed(db, failed, nfailed, lease_id)) &&
+		 record_delivered(db, done, ndone, lease_id, max_seq) && exec(db, "COMMIT");
+	if (!ok && PQstatus(db->conn) == CONNECTION_OK)
+		(void) exec(db, "ROLLBACK");
 	free(done);
 	free(failed);
 	return ok;
