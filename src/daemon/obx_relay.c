@@ -14,16 +14,17 @@
  * Settings come from the file, then from the environment (OBX_RELAY_<NAME>,
  * and OBX_RELAY_KAFKA_<NAME> for a librdkafka property, "_" standing for
  * "."); docs/operations.md, "Managed PostgreSQL", lists them.  SIGHUP
- * reads them again; SIGTERM and SIGINT stop it once the batch in flight is
- * recorded.
+ * reads them again and SIGTERM and SIGINT stop it, each once the batches
+ * out are recorded.
  *
- * One batch at a time per database, in turn: claim (a REPEATABLE READ
- * transaction inside the claim lock, committed synchronously, which flushes
- * the WAL past every commit it saw: the events it took are durable before
- * any is produced), produce with librdkafka (idempotent, acks=all), wait for
- * every delivery report with no transaction open (renewing the lease in a
- * statement of its own when the wait is long), then record (one short
- * transaction).  A daemon that dies leaves its leases to expire after
+ Per database, up to PIPELINE batches out at once, as the in-database
+ * relay: claim (a REPEATABLE READ transaction inside the claim lock,
+ * committed synchronously, which flushes the WAL past every commit it saw:
+ * the events it took are durable before any is produced), produce with
+ * librdkafka (idempotent, acks=all), and while the delivery reports come
+ * in, with no transaction open, claim the next batch when it is due
+ * (renewing a lease in a statement of its own when a wait is long); a batch
+ * whose reports are all in is recorded (one short transaction).  A daemon that dies leaves its leases to expire after
  * lease_timeout; their events are then claimed again and re-sent with the
  * same ids.
  *
@@ -58,18 +59,20 @@
 #define PG_EPOCH_OFFSET 946684800LL
 
 /* Type oids of the statements' parameters. */
-#define BOOLOID       16
-#define INT8OID       20
-#define INT4OID       23
-#define TEXTOID       25
-#define FLOAT8OID     701
-#define BOOLARRAYOID  1000
-#define INT4ARRAYOID  1007
-#define TEXTARRAYOID  1009
-#define INT8ARRAYOID  1016
-#define TSTZARRAYOID  1185
-#define UUIDARRAYOID  2951
-#define PGSNAPSHOTOID 5038
+#define BOOLOID        16
+#define UUIDOID        2950
+#define TIMESTAMPTZOID 1184
+#define INT8OID        20
+#define INT4OID        23
+#define TEXTOID        25
+#define FLOAT8OID      701
+#define BOOLARRAYOID   1000
+#define INT4ARRAYOID   1007
+#define TEXTARRAYOID   1009
+#define INT8ARRAYOID   1016
+#define TSTZARRAYOID   1185
+#define UUIDARRAYOID   2951
+#define PGSNAPSHOTOID  5038
 
 typedef struct Config
 {
@@ -102,6 +105,7 @@ typedef enum Outcome
 typedef struct Event
 {
 	char id[37];
+	const char *uuid; /* the id's 16 bytes, in the claim's rows */
 	char *topic;
 	char *key;
 	const char *payload; /* NULL: a tombstone */
@@ -116,10 +120,13 @@ typedef struct Event
 	int partition;
 	long long offset;
 	long long acked_us; /* microseconds since the Unix epoch */
+	struct Batch *batch;
 } Event;
 
 typedef struct Batch
 {
+	bool used;
+	long long renew_at;
 	long long lease_id;
 	long long max_seq;
 	int nevents;
@@ -129,12 +136,18 @@ typedef struct Batch
 	PGresult *rows; /* the claim's rows, which the events point into */
 } Batch;
 
+/* Batches out at once per database, as the in-database relay (relay.c). */
+#define PIPELINE 2
+
 typedef struct Database
 {
 	const char *conninfo;
 	PGconn *conn;
 	time_t retry_at;
 	time_t rotate_at;
+	Batch flights[PIPELINE];
+	int nflights;
+	long long claim_at; /* the next claim, in microseconds; 0: at once */
 } Database;
 
 static Config config;
@@ -232,6 +245,60 @@ buf_quoted(Buf *b, const char *s)
 	buf_add(b, "\"", 1);
 }
 
+static void
+buf_be32(Buf *b, uint32_t v)
+{
+	uint32_t n = htonl(v);
+
+	buf_add(b, (const char *) &n, 4);
+}
+
+static void
+buf_be64(Buf *b, uint64_t v)
+{
+	buf_be32(b, (uint32_t) (v >> 32));
+	buf_be32(b, (uint32_t) v);
+}
+
+/*
+ * A one-dimensional array of n elements of a type in PostgreSQL's binary
+ * format, for a statement's parameter: this header, then n array_item.
+ * Parsing 2,000-element array literals cost the server as much as the
+ * statements themselves.
+ */
+static void
+array_start(Buf *b, uint32_t elem_type, int n)
+{
+	buf_be32(b, n > 0 ? 1 : 0); /* dimensions: none for an empty array */
+	buf_be32(b, 0);             /* no nulls */
+	buf_be32(b, elem_type);
+	if (n == 0)
+		return;
+	buf_be32(b, (uint32_t) n);
+	buf_be32(b, 1); /* lower bound */
+}
+
+static void
+array_item(Buf *b, const char *p, size_t len)
+{
+	buf_be32(b, (uint32_t) len);
+	buf_add(b, p, len);
+}
+
+static void
+array_item_be32(Buf *b, uint32_t v)
+{
+	buf_be32(b, 4);
+	buf_be32(b, v);
+}
+
+static void
+array_item_be64(Buf *b, uint64_t v)
+{
+	buf_be32(b, 8);
+	buf_be64(b, v);
+}
+
 /* ---------------------------------------------------------------------
  * Settings
  * --------------------------------------------------------------------- */
@@ -242,7 +309,7 @@ config_defaults(Config *c)
 	memset(c, 0, sizeof(*c));
 	/* The in-database relay's defaults (docs/configuration.md). */
 	c->batch_size = 2000;
-	c->poll_interval_ms = 50;
+	c->poll_interval_ms = 40;
 	c->lease_timeout_s = 60;
 	c->delivery_timeout_ms = 30000;
 	c->max_attempts = 10;
@@ -472,9 +539,9 @@ static void
 delivered(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 {
 	Event *ev = (Event *) msg->_private;
-	Batch *batch = (Batch *) opaque;
 
 	(void) rk;
+	(void) opaque;
 	if (ev == NULL)
 		return;
 	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -489,8 +556,7 @@ delivered(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		ev->outcome = FAILED;
 		ev->err = msg->err;
 	}
-	if (batch != NULL)
-		batch->in_flight--;
+	ev->batch->in_flight--;
 }
 
 static bool
@@ -511,7 +577,7 @@ kafka_set(rd_kafka_conf_t *conf, const char *name, const char *value)
  * properties, then the user's, then what the guarantees need.
  */
 static rd_kafka_t *
-kafka_create(Batch *current)
+kafka_create(void)
 {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	char timeout[32];
@@ -538,7 +604,6 @@ kafka_create(Batch *current)
 		return NULL;
 	}
 	rd_kafka_conf_set_dr_msg_cb(conf, delivered);
-	rd_kafka_conf_set_opaque(conf, current);
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
 	if (rk == NULL)
 	{
@@ -694,12 +759,17 @@ statement(const char *name)
 	exit(1);
 }
 
-/* A statement's result, or NULL (said why) when it failed. */
+/*
+ * A statement's result, or NULL (said why) when it failed.  Parameters are
+ * text but where formats (when given) says 1: then binary, of lengths.
+ */
 static PGresult *
-run(Database *db, const char *name, const char *const *params, int binary)
+run_binary(Database *db, const char *name, const char *const *params, const int *lengths,
+		   const int *formats, int binary)
 {
 	const Statement *st = statement(name);
-	PGresult *res = PQexecPrepared(db->conn, st->name, st->nparams, params, NULL, NULL, binary);
+	PGresult *res = PQexecPrepared(db->conn, st->name, st->nparams, params, lengths, formats,
+								   binary);
 	ExecStatusType status = PQresultStatus(res);
 
 	if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK)
@@ -709,6 +779,12 @@ run(Database *db, const char *name, const char *const *params, int binary)
 		return NULL;
 	}
 	return res;
+}
+
+static PGresult *
+run(Database *db, const char *name, const char *const *params, int binary)
+{
+	return run_binary(db, name, params, NULL, NULL, binary);
 }
 
 /* A plain statement (no parameters, no rows wanted); false if it failed. */
@@ -764,6 +840,10 @@ pin_settings(Database *db)
 		if (!ok)
 			return false;
 	}
+	/* OBX_TOAST_COMPRESSION where the server has it; its default otherwise. */
+	PQclear(PQexec(db->conn, "SELECT pg_catalog.set_config('default_toast_compression', '" OBX_TOAST_COMPRESSION "', false)"
+							 " FROM pg_catalog.pg_settings WHERE name = 'default_toast_compression'"
+							 " AND '" OBX_TOAST_COMPRESSION "' = ANY (enumvals)"));
 	return true;
 }
 
@@ -875,10 +955,10 @@ format_uuid(char *out, const unsigned char *u)
 
 /*
  * The claim's rows (binary) into the batch, in seq order, until their
- * payloads pass BATCH_BYTES; fills the lease's arrays.
+ * payloads pass BATCH_BYTES.
  */
 static void
-take_batch(Batch *batch, PGresult *rows, Buf *ids, Buf *topics, Buf *keys)
+take_batch(Batch *batch, PGresult *rows)
 {
 	int nrows = PQntuples(rows);
 	long long bytes = 0;
@@ -887,15 +967,14 @@ take_batch(Batch *batch, PGresult *rows, Buf *ids, Buf *topics, Buf *keys)
 	batch->rows = rows;
 	batch->events = xcalloc(nrows, sizeof(Event));
 	batch->max_seq = 0;
-	buf_str(ids, "{");
-	buf_str(topics, "{");
-	buf_str(keys, "{");
 	while (n < nrows && bytes < BATCH_BYTES)
 	{
 		Event *ev = &batch->events[n];
 
+		ev->batch = batch;
 		batch->max_seq = be64(PQgetvalue(rows, n, 0));
-		format_uuid(ev->id, (const unsigned char *) PQgetvalue(rows, n, 1));
+		ev->uuid = PQgetvalue(rows, n, 1);
+		format_uuid(ev->id, (const unsigned char *) ev->uuid);
 		ev->topic = PQgetvalue(rows, n, 2);
 		ev->key = PQgetvalue(rows, n, 3);
 		if (PQgetisnull(rows, n, 4))
@@ -910,22 +989,27 @@ take_batch(Batch *batch, PGresult *rows, Buf *ids, Buf *topics, Buf *keys)
 		if (!PQgetisnull(rows, n, 7))
 			read_headers(ev, PQgetvalue(rows, n, 7), PQgetlength(rows, n, 7));
 		bytes += ev->payload_len;
-		if (n > 0)
-		{
-			buf_str(ids, ",");
-			buf_str(topics, ",");
-			buf_str(keys, ",");
-		}
-		buf_str(ids, ev->id);
-		buf_quoted(topics, ev->topic);
-		buf_quoted(keys, ev->key);
 		n++;
 	}
-	buf_str(ids, "}");
-	buf_str(topics, "}");
-	buf_str(keys, "}");
 	batch->nevents = n;
 	batch->full = nrows >= config.batch_size || n < nrows;
+}
+
+/* The lease's arrays of the batch's ids, topics and keys (binary). */
+static void
+lease_arrays(Batch *batch, Buf *ids, Buf *topics, Buf *keys)
+{
+	int i;
+
+	array_start(ids, UUIDOID, batch->nevents);
+	array_start(topics, TEXTOID, batch->nevents);
+	array_start(keys, TEXTOID, batch->nevents);
+	for (i = 0; i < batch->nevents; i++)
+	{
+		array_item(ids, batch->events[i].uuid, 16);
+		array_item(topics, batch->events[i].topic, strlen(batch->events[i].topic));
+		array_item(keys, batch->events[i].key, strlen(batch->events[i].key));
+	}
 }
 
 static void
@@ -1042,12 +1126,15 @@ claim(Database *db, Batch *batch)
 			goto done;
 	}
 	batch->lease_id = atoll(lease_id);
-	take_batch(batch, rows, &ids, &topics, &keys);
+	take_batch(batch, rows);
 	rows = NULL;
+	lease_arrays(batch, &ids, &topics, &keys);
 	/* A claim that took nothing leaves a tick only when its floor moved. */
 	if (batch->nevents > 0 || strcmp(PQgetvalue(res, 0, 0), floor) != 0)
 	{
 		const char *params[9];
+		int lengths[9] = {0, 0, 0, 0, 0, 0, (int) ids.len, (int) topics.len, (int) keys.len};
+		int formats[9] = {0, 0, 0, 0, 0, 0, 1, 1, 1};
 		char *next_floor = xstrdup(PQgetvalue(res, 0, 0));
 		char *next_snap = xstrdup(PQgetvalue(res, 0, 1));
 
@@ -1064,7 +1151,7 @@ claim(Database *db, Batch *batch)
 		params[7] = batch->nevents > 0 ? topics.data : NULL;
 		params[8] = batch->nevents > 0 ? keys.data : NULL;
 		PQclear(res);
-		res = run(db, "obx_lease", params, 0);
+		res = run_binary(db, "obx_lease", params, lengths, formats, 0);
 		free(next_floor);
 		free(next_snap);
 		if (res == NULL)
@@ -1203,60 +1290,52 @@ static bool
 record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
 				 const char *max_seq)
 {
-	char *ids = uuid_literal(done, ndone);
+	Buf ids = {0};
 	Buf parts = {0};
 	Buf offsets = {0};
 	Buf acked = {0};
 	const char *params[6];
+	int lengths[6];
+	int formats[6] = {1, 1, 1, 1, 0, 0};
 	PGresult *res;
 	bool ok;
 	int i;
 
-	buf_str(&parts, "{");
-	buf_str(&offsets, "{");
-	buf_str(&acked, "{");
+	array_start(&ids, UUIDOID, ndone);
+	array_start(&parts, INT4OID, ndone);
+	array_start(&offsets, INT8OID, ndone);
+	array_start(&acked, TIMESTAMPTZOID, ndone);
 	for (i = 0; i < ndone; i++)
 	{
-		char num[32];
-		char stamp[64];
-		time_t secs = (time_t) (done[i]->acked_us / 1000000);
-		struct tm tm;
-
-		if (i > 0)
-		{
-			buf_str(&parts, ",");
-			buf_str(&offsets, ",");
-			buf_str(&acked, ",");
-		}
-		snprintf(num, sizeof(num), "%d", done[i]->partition);
-		buf_str(&parts, num);
-		snprintf(num, sizeof(num), "%lld", done[i]->offset);
-		buf_str(&offsets, num);
-		gmtime_r(&secs, &tm);
-		strftime(stamp, sizeof(stamp), "\"%Y-%m-%d %H:%M:%S", &tm);
-		buf_str(&acked, stamp);
-		snprintf(stamp, sizeof(stamp), ".%06lld+00\"", done[i]->acked_us % 1000000);
-		buf_str(&acked, stamp);
+		array_item(&ids, done[i]->uuid, 16);
+		array_item_be32(&parts, (uint32_t) done[i]->partition);
+		array_item_be64(&offsets, (uint64_t) done[i]->offset);
+		/* timestamptz: microseconds since 2000-01-01 UTC */
+		array_item_be64(&acked, (uint64_t) (done[i]->acked_us - PG_EPOCH_OFFSET * 1000000));
 	}
-	buf_str(&parts, "}");
-	buf_str(&offsets, "}");
-	buf_str(&acked, "}");
-	params[0] = ids;
+	params[0] = ids.data;
 	params[1] = parts.data;
 	params[2] = offsets.data;
 	params[3] = acked.data;
 	params[4] = lease_id;
 	params[5] = max_seq;
-	ok = (res = run(db, "obx_record", params, 0)) != NULL;
+	lengths[0] = (int) ids.len;
+	lengths[1] = (int) parts.len;
+	lengths[2] = (int) offsets.len;
+	lengths[3] = (int) acked.len;
+	lengths[4] = lengths[5] = 0;
+	ok = (res = run_binary(db, "obx_record", params, lengths, formats, 0)) != NULL;
 	PQclear(res);
 	if (ok && ndone > 0)
 	{
-		const char *held_params[2] = {ids, acked.data};
+		const char *held_params[2] = {ids.data, acked.data};
+		int held_lengths[2] = {(int) ids.len, (int) acked.len};
 
-		ok = (res = run(db, "obx_held_published", held_params, 0)) != NULL;
+		ok = (res = run_binary(db, "obx_held_published", held_params, held_lengths, formats,
+							   0)) != NULL;
 		PQclear(res);
 	}
-	free(ids);
+	free(ids.data);
 	free(parts.data);
 	free(offsets.data);
 	free(acked.data);
@@ -1351,73 +1430,136 @@ on_reload(int sig)
 }
 
 /*
- * Serve one batch of the database: claim, produce, wait for every report
- * (no transaction open), record.  Returns whether the batch was full, so
- * that the next claim comes at once.
+ * Record the database's batches whose every report is in, and renew the
+ * leases of those still waiting.  A batch is recorded even when its
+ * connection broke meanwhile (on a new one: its lease is still the
+ * daemon's); when that fails too, its lease runs out and it is sent again.
  */
-static bool
-serve(Database *db, rd_kafka_t *rk, Batch *current)
+static void
+land(Database *db)
 {
-	long long renew_at;
-	bool full;
+	int i;
 
+	for (i = 0; i < PIPELINE; i++)
+	{
+		Batch *batch = &db->flights[i];
+
+		if (!batch->used)
+			continue;
+		if (batch->in_flight > 0)
+		{
+			if (now_us() >= batch->renew_at && db->conn != NULL)
+			{
+				renew(db, batch);
+				batch->renew_at = now_us() + (long long) config.lease_timeout_s * 1000000 / 3;
+			}
+			continue;
+		}
+		if (connect_db(db) && !record(db, batch) && PQstatus(db->conn) != CONNECTION_OK)
+			disconnect(db, "the connection broke; the batch's lease runs out and it is sent again");
+		batch_free(batch);
+		db->nflights--;
+	}
+}
+
+/*
+ * Claim and produce the database's next batch when one is due and the
+ * pipeline has room: at once after a full claim, otherwise a poll interval
+ * after the last claim began (the time a claim takes counts).  A batch is
+ * claimed while the leases of the batches already out are live, so it
+ * holds no event of their keys: per-key order does not depend on which
+ * batch is acknowledged first.
+ */
+static void
+launch(Database *db, rd_kafka_t *rk)
+{
+	Batch *batch = NULL;
+	long long started = now_us();
+	int i;
+
+	if (db->nflights >= PIPELINE || started < db->claim_at)
+		return;
+	db->claim_at = started + (long long) config.poll_interval_ms * 1000;
 	if (!connect_db(db))
-		return false;
-	if (claim(db, current) <= 0)
+		return;
+	for (i = 0; i < PIPELINE && batch == NULL; i++)
+		if (!db->flights[i].used)
+			batch = &db->flights[i];
+	if (claim(db, batch) <= 0)
 	{
 		if (PQstatus(db->conn) != CONNECTION_OK)
 			disconnect(db, "the connection broke");
-		batch_free(current);
+		batch_free(batch);
 		rotate(db);
-		return false;
+		return;
 	}
-	produce(rk, current);
-	renew_at = now_us() + (long long) config.lease_timeout_s * 1000000 / 3;
-	while (current->in_flight > 0)
-	{
-		rd_kafka_poll(rk, 100);
-		if (now_us() >= renew_at)
-		{
-			renew(db, current);
-			renew_at = now_us() + (long long) config.lease_timeout_s * 1000000 / 3;
-		}
-	}
-	if (!record(db, current) && PQstatus(db->conn) != CONNECTION_OK)
-		disconnect(db, "the connection broke; the batch's lease runs out and it is sent again");
-	full = current->full;
-	batch_free(current);
-	rotate(db);
-	return full;
+	batch->used = true;
+	db->nflights++;
+	if (batch->full)
+		db->claim_at = 0;
+	produce(rk, batch);
+	batch->renew_at = now_us() + (long long) config.lease_timeout_s * 1000000 / 3;
 }
 
+/* Microseconds until the first database's next claim is due, at most max. */
+static long long
+until_next_claim(Database *dbs, long long max)
+{
+	long long now = now_us();
+	long long wait = max;
+	int i;
+
+	for (i = 0; i < config.ndatabases; i++)
+		if (dbs[i].nflights < PIPELINE)
+			wait = dbs[i].claim_at <= now ? 0 : (dbs[i].claim_at - now < wait ? dbs[i].claim_at - now : wait);
+	return wait;
+}
+
+static int
+in_flight(Database *dbs)
+{
+	int n = 0;
+	int i;
+
+	for (i = 0; i < config.ndatabases; i++)
+		n += dbs[i].nflights;
+	return n;
+}
+
+/*
+ * Serve every database until SIGTERM or SIGHUP, then land the batches
+ * still out (their reports come within delivery_timeout) and stop, or
+ * read the settings again and go on.
+ */
 static int
 run_relay(void)
 {
 	Database dbs[MAX_DATABASES];
-	Batch current;
 	rd_kafka_t *rk;
 	int i;
 
-	memset(&current, 0, sizeof(current));
 	for (;;)
 	{
-		bool busy = false;
-
 		memset(dbs, 0, sizeof(dbs));
 		for (i = 0; i < config.ndatabases; i++)
 			dbs[i].conninfo = config.databases[i];
-		rk = kafka_create(&current);
+		rk = kafka_create();
 		if (rk == NULL)
 			return 1;
 		say("LOG", "started: %d database(s), brokers %s", config.ndatabases, config.brokers);
-		while (!stop_requested && !reload_requested)
+		while ((!stop_requested && !reload_requested) || in_flight(dbs) > 0)
 		{
-			busy = false;
-			for (i = 0; i < config.ndatabases && !stop_requested; i++)
-				busy |= serve(&dbs[i], rk, &current);
-			rd_kafka_poll(rk, 0);
-			if (!busy)
-				usleep((useconds_t) config.poll_interval_ms * 1000);
+			long long wait;
+
+			for (i = 0; i < config.ndatabases; i++)
+			{
+				land(&dbs[i]);
+				if (!stop_requested && !reload_requested)
+					launch(&dbs[i], rk);
+			}
+			/* Sleep in librdkafka until a report comes or a claim is due. */
+			wait = stop_requested || reload_requested ? 100000 : until_next_claim(dbs, 100000);
+			rd_kafka_poll(rk, (int) ((wait + 999) / 1000));
 		}
 		rd_kafka_flush(rk, config.delivery_timeout_ms);
 		rd_kafka_destroy(rk);
@@ -1531,13 +1673,11 @@ check_database(const char *conninfo)
 static bool
 check_brokers(void)
 {
-	Batch none;
 	rd_kafka_t *rk;
 	const struct rd_kafka_metadata *md;
 	rd_kafka_resp_err_t err;
 
-	memset(&none, 0, sizeof(none));
-	rk = kafka_create(&none);
+	rk = kafka_create();
 	if (rk == NULL)
 	{
 		printf("FAIL  the Kafka settings are refused (above)\n");

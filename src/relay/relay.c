@@ -39,6 +39,7 @@
 #include "housekeeping.h"
 #include "kafka.h"
 #include "outbox.h"
+#include "protocol.h"
 #include "status.h"
 #include "turns.h"
 #include "worker.h"
@@ -559,10 +560,7 @@ analyze_backlog(Flight *launched)
 
 /*
  * Start-up beyond the base: the worker's status slot, its loop memory,
- * and lz4 for the TOAST of its lease rows (a lease row holds a batch's
- * ids, topics and keys, compressed inside the claim lock, and lz4 is much
- * faster than pglz; only values this worker writes are affected, and the
- * server reads either kind).
+ * and the TOAST compression of the rows it writes (OBX_TOAST_COMPRESSION).
  */
 static void
 relay_start(Datum main_arg)
@@ -572,7 +570,8 @@ relay_start(Datum main_arg)
 	relay.loop_cxt = AllocSetContextCreate(TopMemoryContext, "obx relay loop",
 										   ALLOCSET_DEFAULT_SIZES);
 #ifdef USE_LZ4
-	SetConfigOption("default_toast_compression", "lz4", PGC_USERSET, PGC_S_OVERRIDE);
+	SetConfigOption("default_toast_compression", OBX_TOAST_COMPRESSION, PGC_USERSET,
+					PGC_S_OVERRIDE);
 #endif
 }
 
