@@ -17,16 +17,16 @@
  * reads them again and SIGTERM and SIGINT stop it, each once the batches
  * out are recorded.
  *
- Per database, up to PIPELINE batches out at once, as the in-database
+ * Per database, up to PIPELINE batches out at once, as the in-database
  * relay: claim (a REPEATABLE READ transaction inside the claim lock,
  * committed synchronously, which flushes the WAL past every commit it saw:
  * the events it took are durable before any is produced), produce with
  * librdkafka (idempotent, acks=all), and while the delivery reports come
  * in, with no transaction open, claim the next batch when it is due
  * (renewing a lease in a statement of its own when a wait is long); a batch
- * whose reports are all in is recorded (one short transaction).  A daemon that dies leaves its leases to expire after
- * lease_timeout; their events are then claimed again and re-sent with the
- * same ids.
+ * whose reports are all in is recorded (one short transaction).  A daemon
+ * that dies leaves its leases to expire after lease_timeout; their events
+ * are then claimed again and re-sent with the same ids.
  *
  *-------------------------------------------------------------------------
  */
@@ -60,8 +60,6 @@
 
 /* Type oids of the statements' parameters. */
 #define BOOLOID        16
-#define UUIDOID        2950
-#define TIMESTAMPTZOID 1184
 #define INT8OID        20
 #define INT4OID        23
 #define TEXTOID        25
@@ -70,7 +68,9 @@
 #define INT4ARRAYOID   1007
 #define TEXTARRAYOID   1009
 #define INT8ARRAYOID   1016
+#define TIMESTAMPTZOID 1184
 #define TSTZARRAYOID   1185
+#define UUIDOID        2950
 #define UUIDARRAYOID   2951
 #define PGSNAPSHOTOID  5038
 
@@ -1330,9 +1330,10 @@ record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
 	{
 		const char *held_params[2] = {ids.data, acked.data};
 		int held_lengths[2] = {(int) ids.len, (int) acked.len};
+		int held_formats[2] = {1, 1};
 
-		ok = (res = run_binary(db, "obx_held_published", held_params, held_lengths, formats,
-							   0)) != NULL;
+		ok = (res = run_binary(db, "obx_held_published", held_params, held_lengths,
+							   held_formats, 0)) != NULL;
 		PQclear(res);
 	}
 	free(ids.data);
@@ -1403,7 +1404,7 @@ rotate(Database *db)
 	const char *params[1] = {secs};
 	PGresult *res;
 
-	if (config.retention_s == 0 || time(NULL) < db->rotate_at)
+	if (config.retention_s == 0 || db->conn == NULL || time(NULL) < db->rotate_at)
 		return;
 	db->rotate_at = time(NULL) + 10;
 	snprintf(secs, sizeof(secs), "%d", config.retention_s);
@@ -1490,7 +1491,6 @@ launch(Database *db, rd_kafka_t *rk)
 		if (PQstatus(db->conn) != CONNECTION_OK)
 			disconnect(db, "the connection broke");
 		batch_free(batch);
-		rotate(db);
 		return;
 	}
 	batch->used = true;
@@ -1510,8 +1510,12 @@ until_next_claim(Database *dbs, long long max)
 	int i;
 
 	for (i = 0; i < config.ndatabases; i++)
-		if (dbs[i].nflights < PIPELINE)
-			wait = dbs[i].claim_at <= now ? 0 : (dbs[i].claim_at - now < wait ? dbs[i].claim_at - now : wait);
+	{
+		if (dbs[i].nflights >= PIPELINE)
+			continue;
+		if (dbs[i].claim_at - now < wait)
+			wait = dbs[i].claim_at > now ? dbs[i].claim_at - now : 0;
+	}
 	return wait;
 }
 
@@ -1556,6 +1560,7 @@ run_relay(void)
 				land(&dbs[i]);
 				if (!stop_requested && !reload_requested)
 					launch(&dbs[i], rk);
+				rotate(&dbs[i]);
 			}
 			/* Sleep in librdkafka until a report comes or a claim is due. */
 			wait = stop_requested || reload_requested ? 100000 : until_next_claim(dbs, 100000);

@@ -213,8 +213,8 @@
  * The TOAST compression of the rows a relay writes: a lease row holds a
  * batch's ids, topics and keys, and a record their partitions, offsets and
  * times, compressed inside the claim lock and the record's transaction;
- * lz4 is much faster than pglz (a daemon's backend spent a fifth of a
- * drain's time in pglz).  Only values the relay writes are affected; the
+ * lz4 is much faster than pglz (docs/benchmarks.md, "obx-relay beside
+ * the in-database relay").  Only values the relay writes are affected; the
  * server reads either kind.  A server built without lz4 keeps its default.
  */
 #define OBX_TOAST_COMPRESSION "lz4"
