@@ -12,6 +12,7 @@ use Obx\Laravel\Tests\Fixtures\DeferredOrder;
 use Obx\Laravel\Tests\Fixtures\DeferredOrderCreated;
 use Obx\Laravel\Tests\Fixtures\Order;
 use Obx\Laravel\Tests\Fixtures\OrderCreated;
+use Obx\Laravel\Tests\Fixtures\OrderPlaced;
 use Obx\Laravel\Tests\Fixtures\PlainOrder;
 use RuntimeException;
 
@@ -59,8 +60,13 @@ class ModelEventsTest extends TestCase
 
         $order->update(['total_minor' => 1290]);
         $this->assertSame(1290, Order::find('ord_1')->total_minor);
+        $this->app['events']->listen('eloquent.deleted: ' . Order::class,
+            fn (Order $deleted) => event(new OrderPlaced($deleted->id, 0)));
         $order->delete();
         $this->assertFalse(Order::whereKey('ord_1')->exists());
+        $this->assertSame(1, (int) DB::selectOne(
+            "select count(*) as n from obx.outbox_events where topic = 'orders.placed.v1' and event_key = 'ord_1'")->n,
+            'an event of "deleted" is enqueued with the delete');
         $this->assertSame(0, DB::transactionLevel());
 
         // a listener that fails after the enqueue takes the row back with the event

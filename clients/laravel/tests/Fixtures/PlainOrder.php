@@ -4,7 +4,7 @@ namespace Obx\Laravel\Tests\Fixtures;
 
 use Illuminate\Database\Eloquent\Model;
 
-/** The same model as Order without WritesInTransaction: Laravel's save() opens no transaction. */
+/** A model whose "created" event publishes OrderCreated; Laravel's save() opens no transaction. */
 class PlainOrder extends Model
 {
     public $incrementing = false;
