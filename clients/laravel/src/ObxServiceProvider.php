@@ -30,7 +30,8 @@ class ObxServiceProvider extends ServiceProvider
     {
         $events = $this->app['events'];
         $events->listen(ShouldPublishToKafka::class, [PublishToKafka::class, 'handle']);
-        $events->listen('eloquent.booted: *', fn (string $name, array $data) => AfterCommit::checkModel($data[0], $events));
+        $events->listen('eloquent.booted: *',
+            fn (string $name, array $data) => AfterCommit::checkModel($data[0], $events));
 
         if (method_exists($this->app, 'configPath')) {
             $this->publishes([__DIR__ . '/../config/obx.php' => $this->app->configPath('obx.php')], 'obx-config');
