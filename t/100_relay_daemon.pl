@@ -23,6 +23,9 @@
 #   twice, and the guarantees above hold (the claim lock and the leases are
 #   the in-database relay's); while another session holds the claim lock,
 #   neither claims;
+# - under a steady load (no claim comes back empty), the daemon still runs
+#   the outbox's rotation: a generation is truncated, and every event
+#   committed across it reaches Kafka exactly once;
 # - its sessions run as the role relay, not a superuser, and defaults set
 #   for that role (read-only, serializable, 1 ms timeouts, a search_path
 #   with a hostile now() first) neither stop it nor run that function;
@@ -229,6 +232,47 @@ broker_holds_exactly($mock, $node, $topic, \@locked, "topic = '$topic'");
 #
 is(stop_relay($second), 0, 'SIGTERM stops the daemon with exit status 0');
 like(relay_log($second), qr/stopped/, 'the daemon says it stopped');
+
+#
+# The outbox's rotation under a steady load: with retention = 2 s, the
+# first daemon, alone again and claiming every 100 ms, closes the current
+# generation, marks it published and truncates it while pgbench enqueues
+# 500 events/s, so that no claim comes back empty; every committed event
+# reaches Kafka once, across the truncation.  The ids are kept in a table of the test's own, since the
+# truncation removes them from the outbox.
+#
+$topic = 'orders.rotation.v1';
+relay_config($node, $mock, $dir, path => $config, poll_interval => 100, retention => 2);
+my $reloads = () = relay_log($relay) =~ /settings reloaded/g;
+kill('HUP', $relay->{pid});
+ok(wait_until(sub { (() = relay_log($relay) =~ /settings reloaded/g) > $reloads }, 'the reload'),
+	'SIGHUP: retention = 2 s');
+my $oldest = $node->safe_psql('postgres', 'SELECT min(generation) FROM obx.generations');
+$node->safe_psql('postgres', 'CREATE TABLE rotation_sent (id uuid PRIMARY KEY)');
+my $script = $node->basedir . '/rotation.sql';
+append_to_file($script, qq{\\set k random(1, 20)
+INSERT INTO rotation_sent VALUES (obx.enqueue('$topic', 'ord_' || :k, '{}'));
+});
+my $load = IPC::Run::start([ 'pgbench', '--no-vacuum', '--client=2', '--jobs=2', '--rate=500',
+	'--time=120', '--file', $script, $node->connstr('postgres') ],
+	'<', \undef, '>', \my $load_out, '2>', \my $load_err);
+ok(wait_until(sub { $node->safe_psql('postgres',
+	"SELECT min(generation) > $oldest FROM obx.generations") eq 't' },
+	'a generation truncated under load', timeout => 100),
+	'under a steady load, the daemon truncated a published generation');
+ok($load->pumpable, 'the load was still running when the generation was truncated')
+  or diag($load_err);
+$load->kill_kill;
+my @sent = split /\n/, $node->safe_psql('postgres', 'SELECT id FROM rotation_sent');
+note(scalar(@sent) . ' events enqueued during the rotation');
+$msgs = wait_for_broker($mock, $topic, sub {
+	my $seen = event_ids_at_broker(shift);
+	!grep { !$seen->{$_} } @sent }, "every event of $topic at the broker");
+$seen = event_ids_at_broker($msgs);
+is_deeply([ sort keys %$seen ], [ sort @sent ],
+	'across the truncation, the broker holds exactly the committed events');
+is(scalar(grep { $seen->{$_} != 1 } keys %$seen), 0, 'and each of them once');
+
 is(stop_relay($relay), 0, 'the first daemon stops too');
 
 done_testing();

@@ -8,7 +8,8 @@ use Obx\Laravel\Listeners\PublishToKafka;
 
 /**
  * Registers the outbox behind the Obx facade (container key "obx"), the
- * listener that enqueues ShouldPublishToKafka events, and the artisan
+ * listener that enqueues ShouldPublishToKafka events, the check of each
+ * model's $dispatchesEvents at its boot (AfterCommit), and the artisan
  * commands obx:status, obx:quarantine, obx:retry, obx:replay, obx:skip.
  */
 class ObxServiceProvider extends ServiceProvider
@@ -27,7 +28,10 @@ class ObxServiceProvider extends ServiceProvider
 
     public function boot(): void
     {
-        $this->app['events']->listen(ShouldPublishToKafka::class, [PublishToKafka::class, 'handle']);
+        $events = $this->app['events'];
+        $events->listen(ShouldPublishToKafka::class, [PublishToKafka::class, 'handle']);
+        $events->listen('eloquent.booted: *',
+            fn (string $name, array $data) => AfterCommit::checkModel($data[0], $events));
 
         if (method_exists($this->app, 'configPath')) {
             $this->publishes([__DIR__ . '/../config/obx.php' => $this->app->configPath('obx.php')], 'obx-config');

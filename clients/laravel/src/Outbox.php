@@ -24,9 +24,9 @@ class Outbox
     public const OWN_TRANSACTION = 'own_transaction';
 
     public function __construct(
-        private ?ConnectionResolverInterface $db,
-        private ?string $connection = null,
-        private string $outsideTransaction = self::REFUSE,
+        protected ?ConnectionResolverInterface $db,
+        protected ?string $connection = null,
+        protected string $outsideTransaction = self::REFUSE,
     ) {
         if (!in_array($outsideTransaction, [self::REFUSE, self::OWN_TRANSACTION], true)) {
             throw new \InvalidArgumentException(sprintf(
@@ -104,28 +104,61 @@ class Outbox
     /**
      * Enqueues a ShouldPublishToKafka event (what the listener calls).
      * Outside a transaction it throws NotInTransaction, unless
-     * obx.outside_transaction is "own_transaction".
+     * obx.outside_transaction is "own_transaction"; dispatched after a
+     * commit (AfterCommit) it throws DispatchedAfterCommit in either mode.
      */
     public function publish(ShouldPublishToKafka $event): string
+    {
+        $enqueue = fn () => $this->enqueue($event->topic(), $event->key(), $event->payload(),
+            $event->type(), $event->eventId(), self::eventHeaders($event));
+
+        return $this->inTransactionFor($event) ? $enqueue() : $this->db()->transaction($enqueue);
+    }
+
+    /** The event's headers, with schema_version when it has one. */
+    protected static function eventHeaders(ShouldPublishToKafka $event): array
     {
         $headers = $event->headers();
         if ($event->schemaVersion() !== null) {
             $headers['schema_version'] = (string) $event->schemaVersion();
         }
-        $enqueue = fn () => $this->enqueue($event->topic(), $event->key(), $event->payload(),
-            $event->type(), $event->eventId(), $headers);
+        return $headers;
+    }
 
-        if ($this->db()->transactionLevel() > 0) {
-            return $enqueue();
+    /**
+     * Whether $event can be enqueued in the caller's transaction: true in
+     * one, false outside one in "own_transaction" mode; otherwise throws
+     * before any SQL, DispatchedAfterCommit for an event dispatched after
+     * a commit (it can no longer be atomic with the writes it reports),
+     * NotInTransaction for one dispatched outside any transaction.
+     */
+    protected function inTransactionFor(ShouldPublishToKafka $event): bool
+    {
+        AfterCommit::refuseDeferredEvent($event);
+        if ($this->transactionLevel() > 0) {
+            return true;
         }
+        AfterCommit::refuseInCallback($event);
         if ($this->outsideTransaction === self::OWN_TRANSACTION) {
-            return $this->db()->transaction($enqueue);
+            return false;
         }
         throw new NotInTransaction(sprintf(
             'obx event %s dispatched outside a database transaction on connection "%s"; '
             . 'dispatch it inside DB::transaction with the writes it reports '
             . '(or set obx.outside_transaction to "own_transaction")',
-            get_class($event), $this->db()->getName()));
+            get_class($event), $this->connectionName()));
+    }
+
+    /** How many transactions are open on obx's connection. */
+    protected function transactionLevel(): int
+    {
+        return $this->db()->transactionLevel();
+    }
+
+    /** The name of obx's connection. */
+    protected function connectionName(): string
+    {
+        return $this->db()->getName();
     }
 
     /** CREATE EXTENSION IF NOT EXISTS obx (needs a superuser, once per database). */
@@ -231,14 +264,13 @@ class Outbox
      */
     public function markProcessed(string $consumer, string $eventId): bool
     {
-        $db = $this->db();
-        if ($db->transactionLevel() === 0) {
+        if ($this->transactionLevel() === 0) {
             throw new NotInTransaction(sprintf(
                 'obx markProcessed("%s", "%s") outside a database transaction on connection "%s"; '
                 . 'call it in the transaction that applies the event, or use processOnce',
-                $consumer, $eventId, $db->getName()));
+                $consumer, $eventId, $this->connectionName()));
         }
-        return (bool) $db->selectOne('select obx.mark_processed(?, ?) as new', [$consumer, $eventId])->new;
+        return (bool) $this->db()->selectOne('select obx.mark_processed(?, ?) as new', [$consumer, $eventId])->new;
     }
 
     /**

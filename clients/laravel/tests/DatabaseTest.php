@@ -3,6 +3,7 @@
 namespace Obx\Laravel\Tests;
 
 use Illuminate\Support\Facades\DB;
+use Illuminate\Support\Facades\Schema;
 use Obx\Laravel\Exceptions\InvalidEvent;
 use Obx\Laravel\Exceptions\NotInTransaction;
 use Obx\Laravel\Facades\Obx;
@@ -56,6 +57,17 @@ class DatabaseTest extends TestCase
             (object) ['id' => $given, 'topic' => self::TOPIC, 'event_key' => $hostile,
                       'payload' => '{"orderId": "ord_2"}', 'event_type' => null, 'headers' => null],
         ], $rows);
+    }
+
+    public function testMigrateFreshKeepsTheExtension(): void
+    {
+        DB::statement('CREATE TABLE IF NOT EXISTS app_table (id int)');
+        Schema::dropAllTables();          // what migrate:fresh, and so RefreshDatabase, does first
+        $this->assertSame(0, (int) DB::selectOne(
+            "select count(*) as n from pg_tables where schemaname = 'public' and tablename = 'app_table'")->n);
+        (new CreateObxExtension())->up();
+        $this->assertMatchesRegularExpression('/^[0-9a-f-]{36}$/', Obx::enqueue(self::TOPIC, 'ord_1', ['n' => 1]));
+        $this->assertSame(1, $this->count_());
     }
 
     public function testARolledBackTransactionEnqueuesNothing(): void

@@ -18,3 +18,8 @@ spl_autoload_register(function (string $class): void {
         }
     }
 });
+
+// Laravel before 10.30 has no ShouldDispatchAfterCommit: the tests bring the marker.
+if (!interface_exists('Illuminate\Contracts\Events\ShouldDispatchAfterCommit')) {
+    require __DIR__ . '/Fixtures/Laravel10/ShouldDispatchAfterCommit.php';
+}

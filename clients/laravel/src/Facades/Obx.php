@@ -31,16 +31,30 @@ use Obx\Laravel\Testing\ObxFake;
  * @method static void assertNotEnqueued(string $topic, ?callable $callback = null)
  * @method static void assertNothingEnqueued()
  * @method static void assertProcessed(string $consumer, string $eventId)
+ * @method static void assertPublished(string|\Closure $event, callable|int|null $callback = null)
+ * @method static void assertPublishedTimes(string $event, int $times = 1)
+ * @method static void assertNotPublished(string|\Closure $event, ?callable $callback = null)
  *
  * @see \Obx\Laravel\Outbox
  * @see \Obx\Laravel\Testing\ObxFake
  */
 class Obx extends Facade
 {
-    /** Replaces the outbox with a fake that records events; returns it. */
+    /**
+     * Replaces the outbox with a fake that records events; returns it.  Call
+     * it after RefreshDatabase has begun its transaction (in the test, or in
+     * setUp after parent::setUp()): the fake counts the transactions opened
+     * after it.
+     */
     public static function fake(): ObxFake
     {
-        static::swap($fake = new ObxFake());
+        $app = static::getFacadeApplication();
+        $config = $app['config'];
+        static::swap($fake = new ObxFake(
+            $app->bound('db') ? $app['db'] : null,
+            $config->get('obx.connection'),
+            $config->get('obx.outside_transaction', ObxFake::REFUSE),
+        ));
         return $fake;
     }
 

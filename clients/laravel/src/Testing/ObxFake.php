@@ -2,7 +2,12 @@
 
 namespace Obx\Laravel\Testing;
 
+use Closure;
+use Illuminate\Database\ConnectionInterface;
+use Illuminate\Database\ConnectionResolverInterface;
 use Illuminate\Support\Str;
+use Illuminate\Support\Traits\ReflectsClosures;
+use LogicException;
 use Obx\Laravel\Contracts\ShouldPublishToKafka;
 use Obx\Laravel\Exceptions\InvalidEvent;
 use Obx\Laravel\Outbox;
@@ -11,46 +16,52 @@ use PHPUnit\Framework\Assert as PHPUnit;
 
 /**
  * What Obx::fake() puts behind the facade, for application tests: enqueue,
- * enqueueMany and publish (so event(...) too) record the event instead of
- * calling obx, after the same payload and header checks; markProcessed and
- * processOnce keep the marks in memory; createExtension,
- * subscribe and unsubscribe do nothing.  The operator calls (status,
- * retry, ...) are not faked.  The fake sees no transactions: an event
- * recorded inside a transaction that rolls back stays recorded.
+ * enqueueMany and publish (so event(...) too) record the event, with its
+ * connection, instead of calling obx; markProcessed and processOnce keep
+ * the marks in memory; createExtension, subscribe and unsubscribe do
+ * nothing.  The operator calls (status, retry, ...) are not faked.
+ *
+ * It refuses what the real outbox refuses, before recording: payloads and
+ * headers (Payload), and publish or markProcessed outside a transaction
+ * (NotInTransaction, DispatchedAfterCommit).  A transaction counts if it
+ * was opened on obx's connection after Obx::fake(): the one RefreshDatabase
+ * or DatabaseTransactions opens around each test does not, so code that
+ * forgets DB::transaction fails its tests as it would fail in production.
+ * The fake sees no rollback: an event recorded in a transaction that then
+ * rolls back stays recorded.
  */
 class ObxFake extends Outbox
 {
-    /** @var array<int, array{topic: string, key: string, payload: array, type: ?string, id: string, headers: array}> */
-    private array $enqueued = [];
+    use ReflectsClosures;
 
-    /** @var array<string, array<string, true>> consumer => event id => marked */
-    private array $processed = [];
+    /**
+     * Shared by the fake and its connection() clones.
+     *
+     * @var object{enqueued: array, processed: array, baseline: array<string, int>, own: int}
+     */
+    private object $state;
 
-    public function __construct()
+    /**
+     * $db: the application's connections, whose transactions the fake
+     * counts from the levels they have now; null: none, so only processOnce
+     * (and publish in "own_transaction" mode) is ever in a transaction.
+     */
+    public function __construct(?ConnectionResolverInterface $db = null, ?string $connection = null,
+                                string $outsideTransaction = self::REFUSE)
     {
-        parent::__construct(null);
-    }
-
-    public function connection(?string $name): static
-    {
-        return $this;
+        parent::__construct($db, $connection, $outsideTransaction);
+        $this->state = (object) ['enqueued' => [], 'processed' => [], 'baseline' => [], 'own' => 0];
+        if ($db !== null && method_exists($db, 'getConnections')) {
+            foreach ($db->getConnections() as $name => $open) {
+                $this->state->baseline[$name] = $open->transactionLevel();
+            }
+        }
     }
 
     public function enqueue(string $topic, string $key, $payload, ?string $type = null,
                             ?string $id = null, array $headers = [], ?string $aggregateId = null): string
     {
-        $json = Payload::encode($payload);
-        Payload::headers($headers);
-        $id ??= (string) Str::orderedUuid();
-        $this->enqueued[] = [
-            'topic' => $topic,
-            'key' => $key,
-            'payload' => json_decode($json, true, 512, JSON_THROW_ON_ERROR),
-            'type' => $type,
-            'id' => $id,
-            'headers' => $headers,
-        ];
-        return $id;
+        return $this->record($topic, $key, $payload, $type, $id, $headers, null);
     }
 
     public function enqueueMany(string $topic, array $keys, array $payloads, ?string $type = null,
@@ -74,45 +85,45 @@ class ObxFake extends Outbox
 
     public function publish(ShouldPublishToKafka $event): string
     {
-        $headers = $event->headers();
-        if ($event->schemaVersion() !== null) {
-            $headers['schema_version'] = (string) $event->schemaVersion();
-        }
-        return $this->enqueue($event->topic(), $event->key(), $event->payload(), $event->type(),
-            $event->eventId(), $headers);
+        $this->inTransactionFor($event);
+        return $this->record($event->topic(), $event->key(), $event->payload(), $event->type(),
+            $event->eventId(), self::eventHeaders($event), $event);
     }
 
     /** Records the mark: true the first time for $consumer and $eventId. */
     public function markProcessed(string $consumer, string $eventId): bool
     {
-        if (isset($this->processed[$consumer][$eventId])) {
-            return false;
+        if ($this->transactionLevel() === 0) {
+            parent::markProcessed($consumer, $eventId);     // throws NotInTransaction
         }
-        $this->processed[$consumer][$eventId] = true;
-        return true;
+        return $this->mark($consumer, $eventId);
     }
 
     /**
-     * Calls $effect the first time for $consumer and $eventId; an exception
-     * from it takes the mark back, as the real transaction would.
+     * Calls $effect the first time for $consumer and $eventId, as inside a
+     * transaction; an exception from it takes the mark back, as the real
+     * transaction would.
      */
     public function processOnce(string $consumer, string $eventId, callable $effect): bool
     {
-        if (!$this->markProcessed($consumer, $eventId)) {
+        if (!$this->mark($consumer, $eventId)) {
             return false;
         }
+        $this->state->own++;
         try {
             $effect();
         } catch (\Throwable $e) {
-            unset($this->processed[$consumer][$eventId]);
+            unset($this->state->processed[$consumer][$eventId]);
             throw $e;
+        } finally {
+            $this->state->own--;
         }
         return true;
     }
 
     public function assertProcessed(string $consumer, string $eventId): void
     {
-        PHPUnit::assertTrue(isset($this->processed[$consumer][$eventId]),
+        PHPUnit::assertTrue(isset($this->state->processed[$consumer][$eventId]),
             "obx consumer $consumer did not mark event $eventId processed");
     }
 
@@ -132,11 +143,12 @@ class ObxFake extends Outbox
     /**
      * The events recorded for $topic (every topic if null) for which
      * $callback($payload, $event) returns true; $event has topic, key,
-     * payload, type, id, headers.
+     * payload, type, id, headers, connection and, for an event that
+     * published itself, event (the object).
      */
     public function enqueued(?string $topic = null, ?callable $callback = null): array
     {
-        return array_values(array_filter($this->enqueued, fn (array $e) =>
+        return array_values(array_filter($this->state->enqueued, fn (array $e) =>
             ($topic === null || $e['topic'] === $topic)
             && ($callback === null || $callback($e['payload'], $e))));
     }
@@ -166,15 +178,117 @@ class ObxFake extends Outbox
     /** No event was enqueued at all. */
     public function assertNothingEnqueued(): void
     {
-        PHPUnit::assertEmpty($this->enqueued, 'obx events were enqueued.' . $this->summary());
+        PHPUnit::assertEmpty($this->state->enqueued, 'obx events were enqueued.' . $this->summary());
+    }
+
+    /**
+     * The ShouldPublishToKafka events of class $class (or a subclass)
+     * published, for which $callback($event, $record) returns true.
+     *
+     * @return ShouldPublishToKafka[]
+     */
+    public function published(string $class, ?callable $callback = null): array
+    {
+        return array_values(array_map(fn (array $e) => $e['event'], array_filter($this->state->enqueued,
+            fn (array $e) => $e['event'] instanceof $class
+                && ($callback === null || $callback($e['event'], $e)))));
+    }
+
+    /**
+     * At least one $event was published (that $callback accepts), as
+     * Event::assertDispatched: $event is a class, or a closure whose first
+     * parameter's type names it; an int $callback is assertPublishedTimes.
+     */
+    public function assertPublished(string|Closure $event, callable|int|null $callback = null): void
+    {
+        [$class, $callback] = $this->eventAndCallback($event, $callback);
+        if (is_int($callback)) {
+            $this->assertPublishedTimes($class, $callback);
+            return;
+        }
+        PHPUnit::assertNotEmpty($this->published($class, $callback),
+            "The expected [$class] obx event was not published." . $this->summary());
+    }
+
+    /** Exactly $times events of class $class were published. */
+    public function assertPublishedTimes(string $class, int $times = 1): void
+    {
+        $count = count($this->published($class));
+        PHPUnit::assertSame($times, $count,
+            "The expected [$class] obx event was published $count times instead of $times times." . $this->summary());
+    }
+
+    /** No $event was published (that $callback accepts). */
+    public function assertNotPublished(string|Closure $event, ?callable $callback = null): void
+    {
+        [$class, $callback] = $this->eventAndCallback($event, $callback);
+        PHPUnit::assertEmpty($this->published($class, $callback),
+            "The unexpected [$class] obx event was published." . $this->summary());
+    }
+
+    /** The fake runs no SQL: the calls it does not fake throw. */
+    public function db(): ConnectionInterface
+    {
+        throw new LogicException('Obx::fake() runs no SQL: it fakes enqueue, enqueueMany, publish, '
+            . 'markProcessed, processOnce, createExtension, subscribe and unsubscribe only');
+    }
+
+    /** Counts only the transactions opened after Obx::fake(), and processOnce's. */
+    protected function transactionLevel(): int
+    {
+        if ($this->db === null) {
+            return $this->state->own;
+        }
+        $connection = $this->db->connection($this->connection);
+        return $connection->transactionLevel() - ($this->state->baseline[$connection->getName()] ?? 0)
+            + $this->state->own;
+    }
+
+    /** The connection's name, whatever its driver: the fake runs no SQL. */
+    protected function connectionName(): string
+    {
+        return $this->db?->connection($this->connection)->getName() ?? ($this->connection ?? 'default');
+    }
+
+    private function record(string $topic, string $key, $payload, ?string $type, ?string $id, array $headers,
+                            ?ShouldPublishToKafka $event): string
+    {
+        $json = Payload::encode($payload);
+        Payload::headers($headers);
+        $id ??= (string) Str::orderedUuid();
+        $this->state->enqueued[] = [
+            'topic' => $topic,
+            'key' => $key,
+            'payload' => json_decode($json, true, 512, JSON_THROW_ON_ERROR),
+            'type' => $type,
+            'id' => $id,
+            'headers' => $headers,
+            'connection' => $this->connectionName(),
+            'event' => $event,
+        ];
+        return $id;
+    }
+
+    private function mark(string $consumer, string $eventId): bool
+    {
+        if (isset($this->state->processed[$consumer][$eventId])) {
+            return false;
+        }
+        $this->state->processed[$consumer][$eventId] = true;
+        return true;
+    }
+
+    private function eventAndCallback(string|Closure $event, $callback): array
+    {
+        return $event instanceof Closure ? [$this->firstClosureParameterType($event), $event] : [$event, $callback];
     }
 
     private function summary(): string
     {
-        if ($this->enqueued === []) {
+        if ($this->state->enqueued === []) {
             return ' Nothing was enqueued.';
         }
         return ' Enqueued: ' . implode(', ', array_map(
-            fn (array $e) => "{$e['topic']}/{$e['key']}", $this->enqueued)) . '.';
+            fn (array $e) => "{$e['topic']}/{$e['key']}", $this->state->enqueued)) . '.';
     }
 }
