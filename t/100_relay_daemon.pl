@@ -29,6 +29,7 @@
 # - its sessions run as the role relay, not a superuser, and defaults set
 #   for that role (read-only, serializable, 1 ms timeouts, a search_path
 #   with a hostile now() first) neither stop it nor run that function;
+# - no password shows in what --check prints or in its log;
 # - SIGTERM stops it with exit status 0.
 use strict;
 use warnings;
@@ -58,11 +59,13 @@ is($node->safe_psql('postgres', q{
 $node->safe_psql('postgres', q{CREATE ROLE stranger LOGIN PASSWORD 'stranger-secret'});
 my ($status, $out) = relay_check(relay_config($node, $mock, $dir,
 	user => 'stranger', password => 'stranger-secret'));
+my $printed = $out;
 isnt($status, 0, '--check fails for a role without the grants');
 like($out, qr/FAIL\s+role "stranger" lacks SELECT, INSERT on obx\.claims/,
 	'--check names the grant that is missing');
 my $config = relay_config($node, $mock, $dir);
 ($status, $out) = relay_check($config);
+$printed .= $out;
 is($status, 0, '--check passes for the relay role') or diag($out);
 like($out, qr/role "relay" holds every grant the relay needs/, '--check reports the grants');
 like($out, qr/brokers .* answer/, '--check reached the brokers');
@@ -274,5 +277,8 @@ is_deeply([ sort keys %$seen ], [ sort @sent ],
 is(scalar(grep { $seen->{$_} != 1 } keys %$seen), 0, 'and each of them once');
 
 is(stop_relay($relay), 0, 'the first daemon stops too');
+$printed .= relay_log($relay) . relay_log($second);
+is(scalar(grep { index($printed, $_) >= 0 } ('relay-secret', 'stranger-secret')), 0,
+	'no password in what --check printed or in the daemons\' logs');
 
 done_testing();

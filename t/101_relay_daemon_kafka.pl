@@ -13,6 +13,8 @@
 #   events keep flowing through the two brokers left, and after it is back
 #   the broker's set of event ids is the committed set, per key in enqueue
 #   order, and every duplicate is a copy of the same event;
+# - no password (the database's, the right or the wrong SASL one) shows
+#   in what --check prints or in the daemon's log;
 # - SIGTERM stops the daemon with exit status 0.
 use strict;
 use warnings;
@@ -49,10 +51,12 @@ sub secure_config
 # --check
 #
 my ($status, $out) = relay_check(secure_config('sasl.password' => 'not-the-password'));
+my $printed = $out;
 isnt($status, 0, '--check fails with a wrong SASL password');
 like($out, qr/FAIL.*broker/i, '--check says the brokers are what fails') or diag($out);
 my $config = secure_config();
 ($status, $out) = relay_check($config);
+$printed .= $out;
 is($status, 0, '--check passes through SASL_SSL with the right credentials') or diag($out);
 like($out, qr/brokers .* answer/, '--check reached the brokers');
 
@@ -146,5 +150,9 @@ is($node->safe_psql('postgres', q{SELECT string_agg(DISTINCT usename, ',') FROM 
 # SIGTERM.
 #
 is(stop_relay($relay), 0, 'SIGTERM stops the daemon with exit status 0');
+$printed .= relay_log($relay);
+my @leaked = grep { index($printed, $_) >= 0 } ('relay-secret', $kafka->{password}, 'not-the-password');
+is(scalar(@leaked), 0, 'no password in what --check printed or in the daemon\'s log')
+  or diag('found: ' . join(', ', @leaked));
 
 done_testing();
