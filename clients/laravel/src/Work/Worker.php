@@ -1,0 +1,136 @@
+<?php
+
+namespace Obx\Laravel\Work;
+
+use Illuminate\Contracts\Container\Container;
+use Illuminate\Database\ConnectionInterface;
+use Throwable;
+
+/**
+ * What obx:work does for one message: take the consumer's next landed row
+ * (obx.claim_landed: per key in landing order, skipping rows other
+ * workers hold), run its listener, and commit the listener's effects with
+ * the row's deletion (obx.complete_landed) in one transaction on the
+ * connection.  A listener that throws is rolled back to a savepoint taken
+ * after the claim, so the row stays locked while obx.fail_landed records
+ * the failure: retried after a backoff, first of its key, or at the last
+ * try moved to obx.dead_letters.  A process killed mid-listener loses its
+ * transaction and its lock: the row is taken again, its effects never
+ * half-committed.
+ */
+final class Worker
+{
+    public const DONE = 'done';
+    public const SKIPPED = 'skipped';
+    public const RETRY = 'retry';
+    public const DEAD_LETTER = 'dead_letter';
+
+    /**
+     * @param array<string, array<string, ?string>> $listeners topic => event type (or "*") => class
+     * @param int[] $backoff seconds before the 1st, 2nd, ... retry; the last repeats
+     */
+    public function __construct(
+        private Container $container,
+        private ConnectionInterface $db,
+        private string $consumer,
+        private array $listeners,
+        private int $tries = 5,
+        private array $backoff = [1, 5, 30],
+    ) {
+    }
+
+    /**
+     * Runs the next ready message, if any.  Returns null when none was
+     * ready, else [LandedMessage, outcome, ?Throwable].
+     */
+    public function runNext(): ?array
+    {
+        $db = $this->db;
+        $db->beginTransaction();
+        try {
+            $row = $db->selectOne(
+                'select id, consumer_name, event_id, event_type, topic, kafka_partition, kafka_offset,
+                        event_key, headers::text as headers, payload::text as payload,
+                        kafka_timestamp::text as kafka_timestamp, attempts
+                   from obx.claim_landed(?) where id is not null', [$this->consumer]);
+            if ($row === null) {
+                $db->commit();
+                return null;
+            }
+            $message = LandedMessage::fromRow($row);
+            $level = $db->transactionLevel();
+            $db->beginTransaction();                 // a savepoint: the claim's lock outlives a failure
+            try {
+                $outcome = $this->dispatch($message);
+                while ($db->transactionLevel() > $level) {
+                    $db->commit();
+                }
+                $db->selectOne('select obx.complete_landed(?, ?)', [$this->consumer, $message->id]);
+                $db->commit();
+                return [$message, $outcome, null];
+            } catch (Throwable $e) {
+                $db->rollBack($level);
+                $outcome = $this->fail($message, $e);
+                $db->commit();
+                return [$message, $outcome, $e];
+            }
+        } catch (Throwable $e) {
+            if ($db->transactionLevel() > 0) {
+                $db->rollBack(0);
+            }
+            throw $e;
+        }
+    }
+
+    /** The listener class mapped to the message: by topic, then event type or "*". */
+    public function listenerFor(LandedMessage $message): ?string
+    {
+        $types = $this->listeners[$message->topic] ?? null;
+        if ($types === null) {
+            throw new NoListener(sprintf('no obx:work listener for topic "%s" (config obx.work.listeners)',
+                $message->topic));
+        }
+        if ($message->eventType !== null && array_key_exists($message->eventType, $types)) {
+            return $types[$message->eventType];
+        }
+        if (array_key_exists('*', $types)) {
+            return $types['*'];
+        }
+        throw new NoListener(sprintf('no obx:work listener for event type "%s" of topic "%s" (config obx.work.listeners)',
+            $message->eventType ?? '(none)', $message->topic));
+    }
+
+    /** Runs the listener ($listener->handle($message)); a type mapped to null is skipped. */
+    private function dispatch(LandedMessage $message): string
+    {
+        $class = $this->listenerFor($message);
+        if ($class === null) {
+            return self::SKIPPED;
+        }
+        $listener = $this->container->make($class);
+        method_exists($listener, 'handle') ? $listener->handle($message) : $listener($message);
+        return self::DONE;
+    }
+
+    /** obx.fail_landed: a retry after the backoff, or the dead letter at the last try. */
+    private function fail(LandedMessage $message, Throwable $e): string
+    {
+        $tries = $e instanceof NoListener ? 1 : max(1, $this->tries);
+        $wait = $this->backoff === [] ? 0
+            : $this->backoff[min($message->attempt, count($this->backoff)) - 1];
+        $error = sprintf('%s: %s (listener %s)', get_class($e), $e->getMessage(),
+            $e instanceof NoListener ? '-' : ($this->safeListenerName($message) ?? '-'));
+        return $this->db->selectOne(
+            'select obx.fail_landed(?, ?, ?, ?, ?::interval) as outcome',
+            [$this->consumer, $message->id, $error, $tries, sprintf('%d seconds', $wait)])->outcome;
+    }
+
+    private function safeListenerName(LandedMessage $message): ?string
+    {
+        try {
+            return $this->listenerFor($message);
+        } catch (NoListener) {
+            return null;
+        }
+    }
+}

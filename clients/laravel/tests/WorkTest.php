@@ -1,0 +1,220 @@
+<?php
+
+namespace Obx\Laravel\Tests;
+
+use Illuminate\Support\Facades\DB;
+use Obx\Laravel\Facades\Obx;
+use Obx\Laravel\Migrations\CreateObxExtension;
+use Obx\Laravel\Tests\Fixtures\RecordEffect;
+
+/**
+ * obx:work against a real PostgreSQL with obx (TestDatabase).  Messages are
+ * landed as obx.land lands them (the test cluster runs no consumer; t/050
+ * lands them from Kafka), or by obx.replay_dead_letter, which calls
+ * obx.land itself.  The listener is RecordEffect.
+ */
+class WorkTest extends TestCase
+{
+    private const TOPIC = 'orders.placed.v1';
+    private const CONSUMER = 'php-shop';
+
+    private string $dir;
+
+    protected function obxConfig(): array
+    {
+        return ['work' => ['consumer' => self::CONSUMER, 'tries' => 3, 'backoff' => [0],
+            'listeners' => [self::TOPIC => ['OrderPlaced' => RecordEffect::class, 'Ping' => null]]]];
+    }
+
+    protected function databaseConfig(): array
+    {
+        return ['default' => 'app', 'connections' => ['app' => TestDatabase::connection()]];
+    }
+
+    protected function setUp(): void
+    {
+        parent::setUp();
+        (new CreateObxExtension())->up();
+        DB::statement('DROP TABLE IF EXISTS work_effects');
+        DB::statement('CREATE TABLE work_effects (seq bigserial PRIMARY KEY, event_id text NOT NULL,
+            event_key text, n int NOT NULL, prev_seen int, pid int NOT NULL, attempt int NOT NULL)');
+        DB::statement('TRUNCATE obx.landed, obx.dead_letters, obx.processed_events');
+        DB::statement('DELETE FROM obx.subscriptions');
+        Obx::subscribe(self::CONSUMER, [self::TOPIC], 'obx.land');
+        $this->dir = sys_get_temp_dir() . '/obx-work-test.' . getmypid();
+        @mkdir($this->dir);
+        array_map('unlink', glob("$this->dir/*"));
+        RecordEffect::$failDir = $this->dir;
+    }
+
+    protected function tearDown(): void
+    {
+        array_map('unlink', glob("$this->dir/*"));
+        @rmdir($this->dir);
+        parent::tearDown();
+    }
+
+    /** Lands messages as obx.land would: [key, n, payload extras, event type]. */
+    private function land(array $messages): void
+    {
+        static $offset = 0;
+        foreach ($messages as [$key, $n, $extra, $type]) {
+            $offset++;
+            DB::insert('insert into obx.landed (consumer_name, event_id, event_type, topic, kafka_partition,
+                          kafka_offset, event_key, headers, payload)
+                        values (?, ?, ?, ?, 0, ?, ?, ?::jsonb, ?::jsonb)',
+                [self::CONSUMER, "evt-$key-$n", $type ?? 'OrderPlaced', self::TOPIC, $offset, $key,
+                 json_encode(['event_id' => "evt-$key-$n"]), json_encode(['n' => $n] + ($extra ?? []))]);
+        }
+    }
+
+    private function effects(): array
+    {
+        return array_map(fn ($r) => "$r->event_id/$r->attempt",
+            DB::select('select event_id, attempt from work_effects order by seq'));
+    }
+
+    public function testEachMessageRunsItsListenerOnceAndIsCompletedWithItsEffect(): void
+    {
+        $this->land([['ord_1', 1, null, null], ['ord_2', 1, null, null], ['ord_1', 2, null, null],
+                     ['ord_1', 3, null, 'Ping']]);
+        [$code, $out] = $this->artisan('obx:work', ['--stop-when-empty' => true]);
+
+        $this->assertSame(0, $code, $out);
+        $this->assertSame(['evt-ord_1-1/1', 'evt-ord_2-1/1', 'evt-ord_1-2/1'], $this->effects());
+        $this->assertSame(0, (int) DB::selectOne('select count(*) as n from obx.landed')->n);
+        $this->assertStringContainsString('orders.placed.v1[0]@', $out);
+        $this->assertStringContainsString('SKIPPED', $out, 'a type mapped to null is skipped');
+        $this->assertSame(0, (int) DB::selectOne('select count(*) as n from obx.dead_letters')->n);
+    }
+
+    public function testOnceAndMaxJobsStopEarly(): void
+    {
+        $this->land([['ord_1', 1, null, null], ['ord_2', 1, null, null], ['ord_3', 1, null, null]]);
+        $this->artisan('obx:work', ['--once' => true]);
+        $this->assertCount(1, $this->effects());
+        $this->artisan('obx:work', ['--max-jobs' => 1, '--sleep' => 0]);
+        $this->assertCount(2, $this->effects());
+        $this->artisan('obx:work', ['consumer' => self::CONSUMER, '--stop-when-empty' => true]);
+        $this->assertCount(3, $this->effects());
+    }
+
+    public function testAFailingListenerRollsBackItsEffectRetriesThenDeadLettersAndItsKeyWaits(): void
+    {
+        $this->land([['ord_1', 1, ['fail' => 'once'], null], ['ord_1', 2, ['fail' => 'always'], null],
+                     ['ord_1', 3, null, null], ['ord_2', 1, null, null]]);
+        [$code, $out] = $this->artisan('obx:work', ['--stop-when-empty' => true]);
+
+        $this->assertSame(0, $code);
+        // Each failed attempt's effect rolled back; ord_1 in order, 2 dead-lettered after 3 tries.
+        $this->assertSame(['evt-ord_1-1/2', 'evt-ord_1-3/1', 'evt-ord_2-1/1'], $this->effects());
+        $this->assertStringContainsString('FAILED, will retry', $out);
+        $this->assertStringContainsString('FAILED, dead-lettered', $out);
+        $dead = DB::select('select event_id, event_key, error_class, error_message, replayed_at
+                              from obx.dead_letters');
+        $this->assertCount(1, $dead);
+        $this->assertSame(['evt-ord_1-2', 'ord_1', 'handler'],
+            [$dead[0]->event_id, $dead[0]->event_key, $dead[0]->error_class]);
+        $this->assertStringContainsString('RuntimeException: listener refused evt-ord_1-2 (listener '
+            . RecordEffect::class . ') (attempt 3 of max_attempts 3)', $dead[0]->error_message);
+
+        // obx.replay_dead_letter lands it again (obx.land, as the subscription's handler).
+        DB::update("update obx.dead_letters set payload = payload - 'fail'");
+        $this->assertSame(1, (int) DB::selectOne('select obx.replay_dead_letter(?) as n', [self::CONSUMER])->n);
+        $this->assertSame(1, (int) DB::selectOne('select count(*) as n from obx.landed')->n);
+        $this->artisan('obx:work', ['--stop-when-empty' => true]);
+        $this->assertSame(['evt-ord_1-1/2', 'evt-ord_1-3/1', 'evt-ord_2-1/1', 'evt-ord_1-2/1'], $this->effects());
+    }
+
+    public function testABackingOffMessageHoldsItsKeyOnly(): void
+    {
+        $this->land([['ord_1', 1, ['fail' => 'once'], null], ['ord_1', 2, null, null], ['ord_2', 1, null, null]]);
+        $this->artisan('obx:work', ['--stop-when-empty' => true, '--backoff' => '3600']);
+        $this->assertSame(['evt-ord_2-1/1'], $this->effects(), 'ord_1 waits for its first message');
+        $this->assertSame(['evt-ord_1-1', 'evt-ord_1-2'], array_column(
+            DB::select('select event_id from obx.landed order by id'), 'event_id'));
+    }
+
+    public function testAnUnmappedMessageIsDeadLetteredAtOnce(): void
+    {
+        $this->land([['ord_1', 1, null, 'OrderCancelled'], ['ord_1', 2, null, null]]);
+        $this->artisan('obx:work', ['--stop-when-empty' => true]);
+        $this->assertSame(['evt-ord_1-2/1'], $this->effects());
+        $this->assertStringContainsString('no obx:work listener for event type "OrderCancelled"',
+            DB::selectOne('select error_message from obx.dead_letters')->error_message);
+    }
+
+    /**
+     * Three obx:work processes on 120 messages of 2 keys: one is killed
+     * (SIGKILL) inside a listener, after writing its effect; the others
+     * stop on SIGTERM once everything is done.  Every message's effect is
+     * there once, and each key's effects ran one after another, in order:
+     * every effect saw its key's previous one committed (prev_seen = n - 1).
+     */
+    public function testSeveralWorkersKeepPerKeyOrderAndAKilledOneLosesNothing(): void
+    {
+        $keys = 2;      // fewer keys than workers: a worker finds a busy key's later messages
+        $each = 60;
+        $messages = [];
+        for ($n = 1; $n <= $each; $n++) {
+            for ($k = 1; $k <= $keys; $k++) {
+                $extra = ['sleep_ms' => 2];
+                if ($k === 2 && $n === 5) {
+                    $extra['kill'] = true;
+                }
+                $messages[] = ["ord_$k", $n, $extra, null];
+            }
+        }
+        $this->land($messages);
+
+        $env = ['OBX_WORK_TEST_DB' => json_encode(TestDatabase::connection()), 'OBX_WORK_TEST_DIR' => $this->dir,
+                'PATH' => getenv('PATH')];
+        $procs = [];
+        for ($i = 0; $i < 3; $i++) {
+            $procs[] = proc_open(['php', __DIR__ . '/Fixtures/work.php', 'obx:work', self::CONSUMER, '--sleep=0.05'],
+                [0 => ['file', '/dev/null', 'r'], 1 => ['file', "$this->dir/out$i", 'w'],
+                 2 => ['file', "$this->dir/err$i", 'w']], $pipes, null, $env);
+        }
+        $deadline = time() + 120;
+        while ((int) DB::selectOne('select count(*) as n from obx.landed')->n > 0 && time() < $deadline) {
+            usleep(100000);
+        }
+        $statuses = [];
+        foreach ($procs as $i => $proc) {
+            // proc_get_status tells the exit status once: keep the first "not running".
+            $status = proc_get_status($proc);
+            if ($status['running']) {
+                posix_kill($status['pid'], SIGTERM);
+            }
+            while ($status['running']) {
+                usleep(20000);
+                $status = proc_get_status($proc);
+            }
+            $statuses[] = $status['signaled'] ? 'signal ' . $status['termsig'] : 'exit ' . $status['exitcode'];
+            if ($status['signaled']) {
+                $killed = $status['pid'];
+            }
+            proc_close($proc);
+        }
+        sort($statuses);
+
+        $this->assertSame(0, (int) DB::selectOne('select count(*) as n from obx.landed')->n, 'all completed');
+        $this->assertSame(['exit 0', 'exit 0', 'signal 9'], $statuses,
+            'one worker was killed in its listener; the others stopped on SIGTERM');
+        $this->assertFileExists("$this->dir/evt-ord_2-5");
+        $rows = DB::select('select event_id, count(*) as n from work_effects group by event_id having count(*) <> 1');
+        $this->assertSame([], $rows, 'every effect once: the killed listener\'s write rolled back');
+        $this->assertSame($keys * $each, (int) DB::selectOne('select count(*) as n from work_effects')->n);
+        $this->assertSame(0, (int) DB::selectOne(
+            'select count(*) as n from work_effects where prev_seen is distinct from nullif(n - 1, 0)')->n,
+            'per key, each message ran after the previous one committed');
+        $this->assertSame(0, (int) DB::selectOne('select count(*) as n from (
+            select n, lag(n) over (partition by event_key order by seq) as before from work_effects) x
+            where before is not null and before <> n - 1')->n, 'per key, in landing order');
+        $this->assertGreaterThanOrEqual(2, (int) DB::selectOne(
+            'select count(distinct pid) as n from work_effects')->n, 'the workers shared the messages');
+        $this->assertNotEquals($killed, (int) DB::selectOne(
+            "select pid from work_effects where event_id = 'evt-ord_2-5'")->pid,
+            'the killed worker\'s effect rolled back; another worker ran the message again');
+    }
+}
