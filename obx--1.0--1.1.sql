@@ -1050,12 +1050,23 @@ RETURNS text
 AS 'MODULE_PATHNAME', 'obx_fail_landed'
 LANGUAGE C VOLATILE;
 
+/* Per consumer: what waits for the outside worker. */
+CREATE VIEW obx.landed_status AS
+SELECT l.consumer_name,
+	   count(*) AS landed,
+	   count(*) FILTER (WHERE l.attempts > 0) AS failing,
+	   count(*) FILTER (WHERE l.next_attempt_at > now()) AS backing_off,
+	   min(l.landed_at) AS oldest_landed_at,
+	   greatest(now() - min(l.landed_at), '0'::interval) AS oldest_landed_age
+  FROM obx.landed l
+ GROUP BY l.consumer_name;
+
 /*
  * Nothing granted but obx.land (see above): an outside worker's role gets
  * EXECUTE on claim_landed, complete_landed and fail_landed, which check
  * that it acts for the consumer (docs/security.md).
  */
-REVOKE ALL ON obx.landed FROM PUBLIC;
+REVOKE ALL ON obx.landed, obx.landed_status FROM PUBLIC;
 REVOKE ALL ON SEQUENCE obx.landed_id_seq FROM PUBLIC;
 REVOKE ALL ON FUNCTION obx._land(text, obx.inbound_event),
 	obx._check_landed_owner(oid, text), obx._claim_landed(oid, text),
@@ -1067,6 +1078,8 @@ GRANT EXECUTE ON FUNCTION obx.land(obx.inbound_event) TO PUBLIC;
 
 COMMENT ON TABLE obx.landed IS
 	'Messages landed by the handler obx.land for a consumer outside the database (obx:work), until it completes them';
+COMMENT ON VIEW obx.landed_status IS
+	'Per consumer outside the database: landed messages waiting, failing, backing off, and the age of the oldest';
 COMMENT ON FUNCTION obx.land(obx.inbound_event) IS
 	'Handler that lands each message in obx.landed for a worker outside the database; only runs as a subscription''s handler';
 COMMENT ON FUNCTION obx.claim_landed(text) IS

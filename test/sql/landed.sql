@@ -78,6 +78,8 @@ RESET ROLE;
 SELECT consumer_name, event_id, event_key, error_class, error_message, replayed_at
   FROM obx.dead_letters;
 SELECT event_id, attempts FROM obx.landed ORDER BY id;
+SELECT consumer_name, landed, failing, backing_off, oldest_landed_age >= '0' AS has_age
+  FROM obx.landed_status ORDER BY consumer_name COLLATE "C";
 
 -- (extension only: a handler runs in the SQL-only install on no path)
 -- obx.replay_dead_letter runs the subscription's handler, obx.land, which
