@@ -880,7 +880,13 @@ CREATE TABLE obx.landed (
 CREATE INDEX landed_consumer_idx ON obx.landed (consumer_name, id);
 CREATE INDEX landed_key_idx ON obx.landed (consumer_name, event_key, id);
 
-/* Writes one landed row; called by obx.land alone (src/consumer/land.c). */
+/*
+ * Writes one landed row; called by obx.land alone (src/consumer/land.c).
+ * At commit the consumer's waiting workers are woken: the channel is
+ * obx_landed_ and the md5 of the consumer name (a channel name has at most
+ * 63 bytes; a hash says nothing to a listener that does not know the name),
+ * notified once per transaction however many rows it lands.
+ */
 CREATE FUNCTION obx._land(consumer_name text, e obx.inbound_event)
 RETURNS void
 LANGUAGE sql VOLATILE SECURITY DEFINER
@@ -890,7 +896,8 @@ AS $$
 							kafka_offset, event_key, headers, payload, kafka_timestamp)
 	VALUES (_land.consumer_name, (_land.e).event_id, (_land.e).event_type, (_land.e).topic,
 			(_land.e).kafka_partition, (_land.e).kafka_offset, (_land.e).event_key,
-			(_land.e).headers, (_land.e).payload, (_land.e).kafka_timestamp)
+			(_land.e).headers, (_land.e).payload, (_land.e).kafka_timestamp);
+	SELECT pg_notify('obx_landed_' || md5(_land.consumer_name), '');
 $$;
 
 /*

@@ -145,6 +145,49 @@ class WorkTest extends TestCase
     }
 
     /**
+     * A worker with nothing to do waits --sleep seconds, but a landing
+     * (here by obx.replay_dead_letter, which calls obx.land) wakes it at
+     * once: obx._land notifies the consumer's channel at commit.
+     */
+    public function testALandingWakesAWaitingWorker(): void
+    {
+        $this->land([['ord_1', 1, null, null]]);
+        DB::insert("insert into obx.dead_letters (consumer_name, event_id, event_type, topic, kafka_partition,
+                      kafka_offset, event_key, payload, error_class, error_message)
+                    values (?, 'evt-ord_1-2', 'OrderPlaced', ?, 0, 999, 'ord_1', '{\"n\": 2}', 'handler', 'x')",
+            [self::CONSUMER, self::TOPIC]);
+        $proc = proc_open(['php', __DIR__ . '/Fixtures/work.php', 'obx:work', self::CONSUMER, '--sleep=60',
+                           '--max-jobs=2'],
+            [0 => ['file', '/dev/null', 'r'], 1 => ['file', "$this->dir/out", 'w'],
+             2 => ['file', "$this->dir/err", 'w']], $pipes, null,
+            ['OBX_WORK_TEST_DB' => json_encode(TestDatabase::connection()), 'PATH' => getenv('PATH')]);
+        try {
+            $until = microtime(true) + 30;
+            while ($this->effects() === [] && microtime(true) < $until) {
+                usleep(20000);
+            }
+            $this->assertSame(['evt-ord_1-1/1'], $this->effects(), 'the worker runs, then waits');
+            usleep(300000);
+            $landed = microtime(true);
+            $this->assertSame(1, (int) DB::selectOne('select obx.replay_dead_letter(?) as n', [self::CONSUMER])->n);
+            while (count($this->effects()) < 2 && microtime(true) < $landed + 5) {
+                usleep(20000);
+            }
+            $this->assertSame(['evt-ord_1-1/1', 'evt-ord_1-2/1'], $this->effects(),
+                'the landed message ran within 5 s, not after --sleep=60');
+            while (proc_get_status($proc)['running'] && microtime(true) < $landed + 10) {
+                usleep(20000);
+            }
+            $this->assertFalse(proc_get_status($proc)['running'], '--max-jobs=2: it exits after two messages');
+        } finally {
+            if (proc_get_status($proc)['running']) {
+                posix_kill(proc_get_status($proc)['pid'], SIGTERM);
+            }
+            proc_close($proc);
+        }
+    }
+
+    /**
      * Three obx:work processes on 120 messages of 2 keys: one is killed
      * (SIGKILL) inside a listener, after writing its effect; the others
      * stop on SIGTERM once everything is done.  Every message's effect is

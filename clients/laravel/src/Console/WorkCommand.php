@@ -24,7 +24,7 @@ class WorkCommand extends ObxCommand
         {--max-jobs=0 : exit after this many messages (0: no limit)}
         {--max-time=0 : exit after this many seconds (0: no limit)}
         {--memory=128 : exit when the process uses more than this many megabytes}
-        {--sleep=1 : seconds to wait when no message is ready}
+        {--sleep=1 : seconds to wait when no message is ready (a landing ends the wait)}
         {--tries= : attempts per message before it is dead-lettered (default: config obx.work.tries)}
         {--backoff= : seconds before each retry, comma-separated, the last repeats (default: config obx.work.backoff)}';
 
@@ -52,6 +52,7 @@ class WorkCommand extends ObxCommand
             $backoff,
         );
         $this->listenForSignals();
+        $worker->listen();
 
         $started = microtime(true);
         $jobs = 0;
@@ -63,7 +64,7 @@ class WorkCommand extends ObxCommand
                 if ($this->option('stop-when-empty') || $this->option('once')) {
                     break;
                 }
-                $this->pause((float) $this->option('sleep'));
+                $worker->wait((float) $this->option('sleep'), fn () => $this->quit);
             } else {
                 $jobs++;
                 $this->report(...$ran);
@@ -102,15 +103,6 @@ class WorkCommand extends ObxCommand
             pcntl_signal($signal, function () {
                 $this->quit = true;
             });
-        }
-    }
-
-    /** Sleeps, waking early on a stop signal. */
-    private function pause(float $seconds): void
-    {
-        $until = microtime(true) + max(0.0, $seconds);
-        while (!$this->quit && microtime(true) < $until) {
-            usleep((int) min(100000, max(1, ($until - microtime(true)) * 1e6)));
         }
     }
 }

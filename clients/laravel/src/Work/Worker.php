@@ -82,6 +82,38 @@ final class Worker
         }
     }
 
+    /**
+     * LISTEN for the consumer's landings (obx._land notifies the channel
+     * obx_landed_<md5 of the consumer name> at commit), so that wait()
+     * returns as soon as a message lands.
+     */
+    public function listen(): void
+    {
+        $this->db->statement('LISTEN obx_landed_' . md5($this->consumer));
+    }
+
+    /**
+     * Waits up to $seconds, less if a landing is notified or $stop()
+     * becomes true (checked every 100 ms).  Without a PDO to read
+     * notifications from, it sleeps.
+     */
+    public function wait(float $seconds, callable $stop): void
+    {
+        $until = microtime(true) + max(0.0, $seconds);
+        $pdo = method_exists($this->db, 'getPdo') ? $this->db->getPdo() : null;
+        $pdo = $pdo instanceof \PDO && method_exists($pdo, 'pgsqlGetNotify') ? $pdo : null;
+        while (!$stop() && ($left = $until - microtime(true)) > 0) {
+            $ms = (int) ceil(min(0.1, $left) * 1000);
+            if ($pdo === null) {
+                usleep($ms * 1000);
+            } elseif ($pdo->pgsqlGetNotify(\PDO::FETCH_ASSOC, $ms) !== false) {
+                while ($pdo->pgsqlGetNotify(\PDO::FETCH_ASSOC, 0) !== false) {
+                }
+                return;
+            }
+        }
+    }
+
     /** The listener class mapped to the message: by topic, then event type or "*". */
     public function listenerFor(LandedMessage $message): ?string
     {
