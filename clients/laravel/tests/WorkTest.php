@@ -88,6 +88,23 @@ class WorkTest extends TestCase
         $this->assertSame(0, (int) DB::selectOne('select count(*) as n from obx.dead_letters')->n);
     }
 
+    public function testAnyJsonValueAndATombstoneReachTheListener(): void
+    {
+        foreach (['"hello"' => 'ord_s', '[1, 2]' => 'ord_l', null => 'ord_t'] as $payload => $key) {
+            DB::insert("insert into obx.landed (consumer_name, event_id, event_type, topic, kafka_partition,
+                          kafka_offset, event_key, payload)
+                        values (?, ?, 'Ping', ?, 0, 1, ?, ?::jsonb)",
+                [self::CONSUMER, "evt-$key", self::TOPIC, $key, $payload === '' ? null : $payload]);
+        }
+        $this->app->instance('seen', new \ArrayObject());
+        $this->app['config']->set('obx.work.listeners', [self::TOPIC => ['Ping' => Fixtures\SeePayload::class]]);
+        [$code] = $this->artisan('obx:work', ['--stop-when-empty' => true]);
+        $this->assertSame(0, $code);
+        $this->assertSame(['evt-ord_s' => 'hello', 'evt-ord_l' => [1, 2], 'evt-ord_t' => null],
+            $this->app['seen']->getArrayCopy());
+        $this->assertSame(0, (int) DB::selectOne('select count(*) as n from obx.landed')->n);
+    }
+
     public function testOnceAndMaxJobsStopEarly(): void
     {
         $this->land([['ord_1', 1, null, null], ['ord_2', 1, null, null], ['ord_3', 1, null, null]]);

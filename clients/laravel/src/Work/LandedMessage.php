@@ -4,9 +4,10 @@ namespace Obx\Laravel\Work;
 
 /**
  * One Kafka message as obx:work hands it to a listener: what obx's
- * consumer landed in obx.landed (docs/sql.md), with the payload decoded.
- * $payload is null for a tombstone (a deletion of $key).  $attempt counts
- * from 1; a message retried after a failure comes again with the next one.
+ * consumer landed in obx.landed (docs/sql.md), with the payload decoded:
+ * an array for a JSON object (any JSON value is accepted upstream), null
+ * for a tombstone (a deletion of $key).  $attempt counts from 1; a message
+ * retried after a failure comes again with the next one.
  */
 final class LandedMessage
 {
@@ -20,7 +21,7 @@ final class LandedMessage
         public readonly int $offset,
         public readonly ?string $key,
         public readonly array $headers,
-        public readonly ?array $payload,
+        public readonly mixed $payload,
         public readonly ?string $kafkaTimestamp,
         public readonly int $attempt,
     ) {
@@ -38,7 +39,7 @@ final class LandedMessage
             (int) $row->kafka_partition,
             (int) $row->kafka_offset,
             $row->event_key,
-            $row->headers === null ? [] : json_decode($row->headers, true, 512, JSON_THROW_ON_ERROR),
+            (array) ($row->headers === null ? [] : json_decode($row->headers, true, 512, JSON_THROW_ON_ERROR)),
             $row->payload === null ? null : json_decode($row->payload, true, 512, JSON_THROW_ON_ERROR),
             $row->kafka_timestamp,
             (int) $row->attempts + 1,
