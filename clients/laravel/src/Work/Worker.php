@@ -150,7 +150,7 @@ final class Worker
         $tries = $e instanceof NoListener ? 1 : max(1, $this->tries);
         $wait = $this->backoff === [] ? 0
             : $this->backoff[min($message->attempt, count($this->backoff)) - 1];
-        $error = sprintf('%s: %s (listener %s)', get_class($e), $e->getMessage(),
+        $error = sprintf('%s: %s (listener %s)', get_class($e), mb_strimwidth($e->getMessage(), 0, 2000, '...'),
             $e instanceof NoListener ? '-' : ($this->safeListenerName($message) ?? '-'));
         return $this->db->selectOne(
             'select obx.fail_landed(?, ?, ?, ?, ?::interval) as outcome',
