@@ -876,6 +876,17 @@ CREATE TABLE obx.landed (
 	next_attempt_at		timestamptz NOT NULL DEFAULT '-infinity',
 	last_error			text
 );
+/*
+ * How many times a worker started on a landed row: written on a second
+ * connection before the listener runs (obx.start_landed), so that it
+ * survives a worker killed inside the listener, whose transaction is lost.
+ * No foreign key: it must not wait for the row lock the claim holds.
+ */
+CREATE TABLE obx.landed_starts (
+	landed_id			bigint		PRIMARY KEY,
+	starts				integer		NOT NULL
+);
+
 /* The claim: a consumer's rows in order, and whether a key has an earlier one. */
 CREATE INDEX landed_consumer_idx ON obx.landed (consumer_name, id);
 CREATE INDEX landed_key_idx ON obx.landed (consumer_name, event_key, id);
@@ -979,6 +990,39 @@ RETURNS obx.landed
 AS 'MODULE_PATHNAME', 'obx_claim_landed'
 LANGUAGE C VOLATILE;
 
+/*
+ * start: count one more start of a worker on the row, and return the
+ * count (NULL: no such row).  Called outside the claim's transaction (a
+ * second connection, autocommit) once the row is claimed: a start that
+ * ends in neither complete nor fail is a worker that died in the listener.
+ */
+CREATE FUNCTION obx._start_landed(caller oid, consumer_name text, landed_id bigint)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n integer;
+BEGIN
+	PERFORM obx._check_landed_owner(caller, consumer_name);
+	IF NOT EXISTS (SELECT 1 FROM obx.landed l
+					WHERE l.id = _start_landed.landed_id
+					  AND l.consumer_name = _start_landed.consumer_name) THEN
+		RETURN NULL;
+	END IF;
+	INSERT INTO obx.landed_starts AS t (landed_id, starts)
+	VALUES (_start_landed.landed_id, 1)
+	ON CONFLICT ON CONSTRAINT landed_starts_pkey DO UPDATE SET starts = t.starts + 1
+	RETURNING t.starts INTO n;
+	RETURN n;
+END
+$$;
+
+CREATE FUNCTION obx.start_landed(consumer_name text, landed_id bigint)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'obx_start_landed'
+LANGUAGE C VOLATILE;
+
 /* complete: the row's effect commits with this transaction; the row goes. */
 CREATE FUNCTION obx._complete_landed(caller oid, consumer_name text, landed_id bigint)
 RETURNS boolean
@@ -990,7 +1034,11 @@ BEGIN
 	DELETE FROM obx.landed l
 	 WHERE l.id = _complete_landed.landed_id
 	   AND l.consumer_name = _complete_landed.consumer_name;
-	RETURN FOUND;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	DELETE FROM obx.landed_starts t WHERE t.landed_id = _complete_landed.landed_id;
+	RETURN true;
 END
 $$;
 
@@ -1034,6 +1082,7 @@ BEGIN
 		RETURN 'retry';
 	END IF;
 	DELETE FROM obx.landed l WHERE l.id = r.id;
+	DELETE FROM obx.landed_starts t WHERE t.landed_id = r.id;
 	INSERT INTO obx.dead_letters AS d
 		(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
 		 event_type, headers, payload, kafka_timestamp, error_class, error_message)
@@ -1073,11 +1122,12 @@ SELECT l.consumer_name,
  * EXECUTE on claim_landed, complete_landed and fail_landed, which check
  * that it acts for the consumer (docs/security.md).
  */
-REVOKE ALL ON obx.landed, obx.landed_status FROM PUBLIC;
+REVOKE ALL ON obx.landed, obx.landed_status, obx.landed_starts FROM PUBLIC;
 REVOKE ALL ON SEQUENCE obx.landed_id_seq FROM PUBLIC;
 REVOKE ALL ON FUNCTION obx._land(text, obx.inbound_event),
 	obx._check_landed_owner(oid, text), obx._claim_landed(oid, text),
-	obx._complete_landed(oid, text, bigint),
+	obx._complete_landed(oid, text, bigint), obx._start_landed(oid, text, bigint),
+	obx.start_landed(text, bigint),
 	obx._fail_landed(oid, text, bigint, text, integer, interval),
 	obx.claim_landed(text), obx.complete_landed(text, bigint),
 	obx.fail_landed(text, bigint, text, integer, interval) FROM PUBLIC;
@@ -1091,6 +1141,10 @@ COMMENT ON FUNCTION obx.land(obx.inbound_event) IS
 	'Handler that lands each message in obx.landed for a worker outside the database; only runs as a subscription''s handler';
 COMMENT ON FUNCTION obx.claim_landed(text) IS
 	'Lock and return the consumer''s next landed row ready to run (per key in landing order), or NULL';
+COMMENT ON TABLE obx.landed_starts IS
+	'How many times a worker started on each landed row, counted outside its transaction so that a killed worker counts';
+COMMENT ON FUNCTION obx.start_landed(text, bigint) IS
+	'Count a start on a claimed landed row (from a second connection, before the listener runs); returns the count';
 COMMENT ON FUNCTION obx.complete_landed(text, bigint) IS
 	'Delete a landed row in the transaction that commits its effect';
 COMMENT ON FUNCTION obx.fail_landed(text, bigint, text, integer, interval) IS
@@ -1098,3 +1152,4 @@ COMMENT ON FUNCTION obx.fail_landed(text, bigint, text, integer, interval) IS
 
 SELECT pg_catalog.pg_extension_config_dump('obx.landed', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.landed_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.landed_starts', '');

@@ -4,7 +4,8 @@
  *	  SQL-callable functions of the consumer side that must know who calls
  *	  them: obx.subscribe, obx.unsubscribe, obx.mark_processed, and the
  *	  steps of a worker outside the database on the messages obx.land
- *	  landed (obx.claim_landed, obx.complete_landed, obx.fail_landed).
+ *	  landed (obx.claim_landed, obx.start_landed, obx.complete_landed,
+ *	  obx.fail_landed).
  *
  * A subscription, and a consumer name's dedupe history, belong to a role
  * (obx.consumer_owners).  Their tables are written only by obx's own
@@ -33,6 +34,7 @@ PG_FUNCTION_INFO_V1(obx_subscribe);
 PG_FUNCTION_INFO_V1(obx_unsubscribe);
 PG_FUNCTION_INFO_V1(obx_mark_processed);
 PG_FUNCTION_INFO_V1(obx_claim_landed);
+PG_FUNCTION_INFO_V1(obx_start_landed);
 PG_FUNCTION_INFO_V1(obx_complete_landed);
 PG_FUNCTION_INFO_V1(obx_fail_landed);
 
@@ -114,6 +116,15 @@ obx_claim_landed(PG_FUNCTION_ARGS)
 	Oid types[] = {TEXTOID};
 
 	return call_with_caller(fcinfo, "_claim_landed", lengthof(types), types);
+}
+
+/* obx.start_landed(consumer_name, landed_id) */
+Datum
+obx_start_landed(PG_FUNCTION_ARGS)
+{
+	Oid types[] = {TEXTOID, INT8OID};
+
+	return call_with_caller(fcinfo, "_start_landed", lengthof(types), types);
 }
 
 /* obx.complete_landed(consumer_name, landed_id) */

@@ -617,6 +617,13 @@ LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT obx._claim_landed(/* @caller */, consumer_name) $$;
 
+-- replaces obx.start_landed
+CREATE FUNCTION obx.start_landed(consumer_name text, landed_id bigint)
+RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT obx._start_landed(/* @caller */, consumer_name, landed_id) $$;
+
 -- replaces obx.complete_landed
 CREATE FUNCTION obx.complete_landed(consumer_name text, landed_id bigint)
 RETURNS boolean

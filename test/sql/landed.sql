@@ -10,7 +10,7 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.landed, obx.dead_letters, obx.processed_events;
+TRUNCATE obx.landed, obx.landed_starts, obx.dead_letters, obx.processed_events;
 
 -- Called directly, obx.land lands nothing: there is no consumer it serves.
 SELECT obx.land(ROW('evt-x', NULL, 'orders.placed.v1', 0, 1, 'ord_1', '{}', '{}', NULL)::obx.inbound_event);
@@ -20,7 +20,7 @@ CREATE ROLE regress_land_deputy IN ROLE regress_land_app;
 CREATE ROLE regress_land_mallory;
 GRANT USAGE ON SCHEMA obx TO regress_land_app, regress_land_deputy, regress_land_mallory;
 GRANT EXECUTE ON FUNCTION obx.claim_landed(text), obx.complete_landed(text, bigint),
-	obx.fail_landed(text, bigint, text, integer, interval)
+	obx.fail_landed(text, bigint, text, integer, interval), obx.start_landed(text, bigint)
 	TO regress_land_app, regress_land_deputy, regress_land_mallory;
 INSERT INTO obx.consumer_owners (consumer_name, owner)
 VALUES ('shop-php', 'regress_land_app'), ('other-php', 'regress_land_mallory');
@@ -44,6 +44,11 @@ SELECT count(*) FROM obx.landed;
 BEGIN;
 SELECT event_id, event_key, attempts FROM obx.claim_landed('shop-php');
 SELECT id AS a1 FROM obx.claim_landed('shop-php') \gset
+-- Each start is counted (on another connection in obx:work), also one
+-- whose worker died; starts of another consumer's row count nothing.
+SELECT obx.start_landed('shop-php', :a1) AS first_start, obx.start_landed('shop-php', :a1) AS second_start;
+SELECT obx.start_landed('shop-php', -1) AS unknown_row,
+       obx.start_landed('shop-php', :a1 - 1) AS other_consumers_row;
 SELECT obx.fail_landed('shop-php', :a1, 'RuntimeException: stock service down', 3, '1 hour');
 COMMIT;
 BEGIN;
@@ -62,6 +67,7 @@ SET ROLE regress_land_mallory;
 SELECT obx.claim_landed('shop-php');
 SELECT obx.complete_landed('shop-php', :a1);
 SELECT obx.fail_landed('shop-php', :a1, 'x', 1, '0');
+SELECT obx.start_landed('shop-php', :a1);
 SELECT obx.claim_landed('no-such-consumer');
 -- Its own consumer's rows, yes; ids of another consumer name nothing.
 SELECT event_id FROM obx.claim_landed('other-php');
@@ -78,6 +84,8 @@ RESET ROLE;
 SELECT consumer_name, event_id, event_key, error_class, error_message, replayed_at
   FROM obx.dead_letters;
 SELECT event_id, attempts FROM obx.landed ORDER BY id;
+-- A dead letter's starts go with its row.
+SELECT count(*) AS starts_left FROM obx.landed_starts WHERE landed_id = :a1;
 SELECT consumer_name, landed, failing, backing_off, oldest_landed_age >= '0' AS has_age
   FROM obx.landed_status ORDER BY consumer_name COLLATE "C";
 
@@ -99,10 +107,10 @@ SELECT event_id, error_message, replayed_at IS NULL AS pending FROM obx.dead_let
 SELECT obx.unsubscribe('shop-php');
 -- (end extension only)
 
-TRUNCATE obx.landed, obx.dead_letters;
+TRUNCATE obx.landed, obx.landed_starts, obx.dead_letters;
 DELETE FROM obx.consumer_owners WHERE consumer_name IN ('shop-php', 'other-php');
 REVOKE ALL ON FUNCTION obx.claim_landed(text), obx.complete_landed(text, bigint),
-	obx.fail_landed(text, bigint, text, integer, interval)
+	obx.fail_landed(text, bigint, text, integer, interval), obx.start_landed(text, bigint)
 	FROM regress_land_app, regress_land_deputy, regress_land_mallory;
 REVOKE USAGE ON SCHEMA obx FROM regress_land_app, regress_land_deputy, regress_land_mallory;
 DROP ROLE regress_land_deputy, regress_land_mallory, regress_land_app;

@@ -38,7 +38,7 @@ class WorkTest extends TestCase
         DB::statement('DROP TABLE IF EXISTS work_effects');
         DB::statement('CREATE TABLE work_effects (seq bigserial PRIMARY KEY, event_id text NOT NULL,
             event_key text, n int NOT NULL, prev_seen int, pid int NOT NULL, attempt int NOT NULL)');
-        DB::statement('TRUNCATE obx.landed, obx.dead_letters, obx.processed_events');
+        DB::statement('TRUNCATE obx.landed, obx.landed_starts, obx.dead_letters, obx.processed_events');
         DB::statement('DELETE FROM obx.subscriptions');
         Obx::subscribe(self::CONSUMER, [self::TOPIC], 'obx.land');
         $this->dir = sys_get_temp_dir() . '/obx-work-test.' . getmypid();
@@ -162,6 +162,39 @@ class WorkTest extends TestCase
     }
 
     /**
+     * A message whose listener kills its worker every time: each death
+     * counts as an attempt (obx.start_landed, on another connection), and
+     * at the last try it is dead-lettered without running again; its key
+     * goes on.
+     */
+    public function testAMessageThatKillsItsWorkerEveryTimeIsDeadLettered(): void
+    {
+        $this->land([['ord_1', 1, ['kill' => 'always'], null], ['ord_1', 2, null, null]]);
+        $env = ['OBX_WORK_TEST_DB' => json_encode(TestDatabase::connection()), 'OBX_WORK_TEST_DIR' => $this->dir,
+                'PATH' => getenv('PATH')];
+        $ends = [];
+        for ($i = 0; $i < 3; $i++) {
+            $proc = proc_open(['php', __DIR__ . '/Fixtures/work.php', 'obx:work', self::CONSUMER, '--tries=2',
+                               '--stop-when-empty'],
+                [0 => ['file', '/dev/null', 'r'], 1 => ['file', "$this->dir/out$i", 'w'],
+                 2 => ['file', "$this->dir/err$i", 'w']], $pipes, null, $env);
+            do {
+                usleep(20000);
+                $status = proc_get_status($proc);
+            } while ($status['running']);
+            proc_close($proc);
+            $ends[] = $status['signaled'] ? 'signal ' . $status['termsig'] : 'exit ' . $status['exitcode'];
+        }
+        $this->assertSame(['signal 9', 'signal 9', 'exit 0'], $ends, 'two deaths, then the third run goes on');
+        $this->assertSame(['evt-ord_1-2/1'], $this->effects(), 'the killer left no effect; its key went on');
+        $dead = DB::selectOne('select event_id, error_message from obx.dead_letters');
+        $this->assertSame('evt-ord_1-1', $dead->event_id);
+        $this->assertStringContainsString('the obx:work process died while running this message (2 of 2 starts',
+            $dead->error_message);
+        $this->assertSame(0, (int) DB::selectOne('select count(*) as n from obx.landed_starts')->n);
+    }
+
+    /**
      * A worker with nothing to do waits --sleep seconds, but a landing
      * (here by obx.replay_dead_letter, which calls obx.land) wakes it at
      * once: obx._land notifies the consumer's channel at commit.
@@ -276,5 +309,8 @@ class WorkTest extends TestCase
         $this->assertNotEquals($killed, (int) DB::selectOne(
             "select pid from work_effects where event_id = 'evt-ord_2-5'")->pid,
             'the killed worker\'s effect rolled back; another worker ran the message again');
+        $this->assertSame(2, (int) DB::selectOne(
+            "select attempt from work_effects where event_id = 'evt-ord_2-5'")->attempt,
+            'the killed start counted as the first attempt');
     }
 }

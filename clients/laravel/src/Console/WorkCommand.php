@@ -43,9 +43,11 @@ class WorkCommand extends ObxCommand
         $backoff = $this->option('backoff') !== null
             ? array_map('intval', explode(',', $this->option('backoff')))
             : (array) $config->get('obx.work.backoff', [1, 5, 30]);
+        $db = $this->outbox()->db();
         $worker = new Worker(
             $this->laravel,
-            $this->outbox()->db(),
+            $db,
+            $this->laravel['db.factory']->make($db->getConfig(), $db->getName() . '.obx-work-starts'),
             $consumer,
             (array) $config->get('obx.work.listeners', []),
             (int) ($this->option('tries') ?? $config->get('obx.work.tries', 5)),

@@ -16,7 +16,10 @@ use Throwable;
  * the failure: retried after a backoff, first of its key, or at the last
  * try moved to obx.dead_letters.  A process killed mid-listener loses its
  * transaction and its lock: the row is taken again, its effects never
- * half-committed.
+ * half-committed.  Each start is counted first on a second connection
+ * (obx.start_landed, autocommit), so such a death counts as an attempt: a
+ * message that kills its worker every time is dead-lettered at the last
+ * try without running its listener again.
  */
 final class Worker
 {
@@ -29,9 +32,14 @@ final class Worker
      * @param array<string, array<string, ?string>> $listeners topic => event type (or "*") => class
      * @param int[] $backoff seconds before the 1st, 2nd, ... retry; the last repeats
      */
+    /**
+     * @param ConnectionInterface $starts another connection to the same
+     *        database, outside the claim's transaction (obx.start_landed)
+     */
     public function __construct(
         private Container $container,
         private ConnectionInterface $db,
+        private ConnectionInterface $starts,
         private string $consumer,
         private array $listeners,
         private int $tries = 5,
@@ -51,16 +59,23 @@ final class Worker
             $row = $db->selectOne(
                 'select id, consumer_name, event_id, event_type, topic, kafka_partition, kafka_offset,
                         event_key, headers::text as headers, payload::text as payload,
-                        kafka_timestamp::text as kafka_timestamp, attempts
+                        kafka_timestamp::text as kafka_timestamp, attempts as failures
                    from obx.claim_landed(?) where id is not null', [$this->consumer]);
             if ($row === null) {
                 $db->commit();
                 return null;
             }
+            $row->attempts = (int) $this->starts->selectOne('select obx.start_landed(?, ?) as n',
+                [$this->consumer, $row->id])->n - 1;
             $message = LandedMessage::fromRow($row);
             $level = $db->transactionLevel();
             $db->beginTransaction();                 // a savepoint: the claim's lock outlives a failure
             try {
+                if ($message->attempt > max(1, $this->tries)) {
+                    throw new WorkerDied(sprintf('the obx:work process died while running this message '
+                        . '(%d of %d starts ended neither in success nor in an exception)',
+                        $message->attempt - 1 - (int) $row->failures, $message->attempt - 1));
+                }
                 $outcome = $this->dispatch($message);
                 while ($db->transactionLevel() > $level) {
                     $db->commit();
@@ -147,7 +162,7 @@ final class Worker
     /** obx.fail_landed: a retry after the backoff, or the dead letter at the last try. */
     private function fail(LandedMessage $message, Throwable $e): string
     {
-        $tries = $e instanceof NoListener ? 1 : max(1, $this->tries);
+        $tries = $e instanceof NoListener || $e instanceof WorkerDied ? 1 : max(1, $this->tries);
         $wait = $this->backoff === [] ? 0
             : $this->backoff[min($message->attempt, count($this->backoff)) - 1];
         $error = sprintf('%s: %s (listener %s)', get_class($e), mb_strimwidth($e->getMessage(), 0, 2000, '...'),

@@ -12,7 +12,8 @@ use RuntimeException;
  * (prev_seen: n - 1 when the key's messages ran one after another, in
  * order).  A payload may ask it to fail ("fail": "always", or "once" while
  * the file $FAIL_DIR/<event id> does not exist), or to kill its own
- * process with SIGKILL after writing ("kill": the first time, as "once").
+ * process with SIGKILL after writing ("kill": true the first time, as
+ * "once"; "always").
  */
 class RecordEffect
 {
@@ -29,7 +30,7 @@ class RecordEffect
             usleep($p['sleep_ms'] * 1000);
         }
         $once = (getenv('OBX_WORK_TEST_DIR') ?: self::$failDir) . '/' . $message->eventId;
-        if (($p['kill'] ?? false) && !file_exists($once)) {
+        if (($p['kill'] ?? null) === 'always' || (($p['kill'] ?? false) && !file_exists($once))) {
             touch($once);
             posix_kill(getmypid(), SIGKILL);
             sleep(10);
