@@ -967,14 +967,50 @@ DECLARE
 	r obx.landed;
 BEGIN
 	PERFORM obx._check_landed_owner(caller, consumer_name);
+	/* Usually a ready row is among the first ones. */
 	SELECT l.* INTO r
 	  FROM obx.landed l
-	 WHERE l.consumer_name = _claim_landed.consumer_name
+	 WHERE l.id IN (SELECT f.id FROM obx.landed f
+					 WHERE f.consumer_name = _claim_landed.consumer_name
+					 ORDER BY f.id LIMIT 100)
 	   AND l.next_attempt_at <= clock_timestamp()
 	   AND NOT EXISTS (SELECT 1 FROM obx.landed p
 						WHERE p.consumer_name = l.consumer_name
 						  AND p.event_key = l.event_key
 						  AND p.id < l.id)
+	 ORDER BY l.id
+	 LIMIT 1
+	   FOR UPDATE OF l SKIP LOCKED;
+	IF FOUND THEN
+		RETURN r;
+	END IF;
+	/*
+	 * Else they wait behind a few keys' first rows (backing off, or held
+	 * by other workers), and the rows behind those are no candidates: take
+	 * the first row of each key, one index probe per key (a loose scan of
+	 * landed_key_idx), and rows without a key.
+	 */
+	WITH RECURSIVE k(event_key) AS (
+		SELECT min(h.event_key) FROM obx.landed h
+		 WHERE h.consumer_name = _claim_landed.consumer_name
+		UNION ALL
+		SELECT (SELECT min(h.event_key) FROM obx.landed h
+				 WHERE h.consumer_name = _claim_landed.consumer_name
+				   AND h.event_key > k.event_key)
+		  FROM k WHERE k.event_key IS NOT NULL
+	)
+	SELECT l.* INTO r
+	  FROM obx.landed l
+	 WHERE l.id IN (SELECT (SELECT h.id FROM obx.landed h
+							 WHERE h.consumer_name = _claim_landed.consumer_name
+							   AND h.event_key = k.event_key
+							 ORDER BY h.id LIMIT 1)
+					  FROM k WHERE k.event_key IS NOT NULL
+					UNION ALL
+					SELECT h.id FROM obx.landed h
+					 WHERE h.consumer_name = _claim_landed.consumer_name
+					   AND h.event_key IS NULL)
+	   AND l.next_attempt_at <= clock_timestamp()
 	 ORDER BY l.id
 	 LIMIT 1
 	   FOR UPDATE OF l SKIP LOCKED;

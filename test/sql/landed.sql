@@ -107,6 +107,23 @@ SELECT event_id, error_message, replayed_at IS NULL AS pending FROM obx.dead_let
 SELECT obx.unsubscribe('shop-php');
 -- (end extension only)
 
+-- Behind the first row of a key, backing off, 120 more of that key, then
+-- a row of another key and one without a key: those are found (past the
+-- first 100 rows, by the first row of each key), never the blocked key's.
+TRUNCATE obx.landed;
+INSERT INTO obx.landed (consumer_name, event_id, topic, kafka_partition, kafka_offset,
+						event_key, payload, next_attempt_at)
+SELECT 'shop-php', 'evt-z' || g, 'orders.placed.v1', 0, g, 'ord_z', '{}',
+	   CASE WHEN g = 0 THEN 'infinity' ELSE '-infinity' END::timestamptz
+  FROM generate_series(0, 120) g;
+INSERT INTO obx.landed (consumer_name, event_id, topic, kafka_partition, kafka_offset,
+						event_key, payload)
+VALUES ('shop-php', 'evt-y', 'orders.placed.v1', 1, 1, 'ord_y', '{}'),
+	   ('shop-php', 'evt-none', 'orders.placed.v1', 2, 1, NULL, '{}');
+SELECT obx.complete_landed('shop-php', id), event_id FROM obx.claim_landed('shop-php');
+SELECT obx.complete_landed('shop-php', id), event_id FROM obx.claim_landed('shop-php');
+SELECT claim_landed IS NULL AS nothing_ready FROM obx.claim_landed('shop-php');
+
 TRUNCATE obx.landed, obx.landed_starts, obx.dead_letters;
 DELETE FROM obx.consumer_owners WHERE consumer_name IN ('shop-php', 'other-php');
 REVOKE ALL ON FUNCTION obx.claim_landed(text), obx.complete_landed(text, bigint),
