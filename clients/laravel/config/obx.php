@@ -20,8 +20,9 @@ return [
         'consumer' => env('OBX_WORK_CONSUMER'),
         // topic => [event type => listener class, '*' => for any other type].
         // A listener has handle(Obx\Laravel\Work\LandedMessage $message) and
-        // writes through the obx connection. null skips such messages; a
-        // message nothing maps is dead-lettered.
+        // writes through the obx connection; an event class implementing
+        // Obx\Laravel\Contracts\FromKafka is dispatched to its listeners.
+        // null skips such messages; a message nothing maps is dead-lettered.
         'listeners' => [
             // 'orders.placed.v1' => ['OrderPlaced' => App\Listeners\ReserveStock::class],
         ],

@@ -105,6 +105,29 @@ class WorkTest extends TestCase
         $this->assertSame(0, (int) DB::selectOne('select count(*) as n from obx.landed')->n);
     }
 
+    public function testAnEventClassIsDispatchedToItsLaravelListenersInTheTransaction(): void
+    {
+        $this->land([['ord_1', 1, null, null], ['ord_1', 2, null, null]]);
+        $this->app['config']->set('obx.work.listeners',
+            [self::TOPIC => ['OrderPlaced' => Fixtures\KafkaOrderPlaced::class]]);
+        $failed = false;
+        $this->app['events']->listen(Fixtures\KafkaOrderPlaced::class,
+            function (Fixtures\KafkaOrderPlaced $e) use (&$failed) {
+                DB::insert('insert into work_effects (event_id, event_key, n, pid, attempt) values (?, ?, ?, 0, 1)',
+                    [$e->eventId, $e->orderId, $e->n]);
+                if ($e->n === 2 && !$failed) {
+                    $failed = true;
+                    throw new \RuntimeException('a listener of the event failed');
+                }
+            });
+        [$code, $out] = $this->artisan('obx:work', ['--stop-when-empty' => true]);
+
+        $this->assertSame(0, $code);
+        $this->assertStringContainsString('a listener of the event failed', $out);
+        $this->assertSame(['evt-ord_1-1/1', 'evt-ord_1-2/1'], $this->effects(),
+            'the failed listener\'s write rolled back with the message; the retry wrote once');
+    }
+
     public function testOnceAndMaxJobsStopEarly(): void
     {
         $this->land([['ord_1', 1, null, null], ['ord_2', 1, null, null], ['ord_3', 1, null, null]]);

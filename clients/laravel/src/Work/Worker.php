@@ -4,6 +4,7 @@ namespace Obx\Laravel\Work;
 
 use Illuminate\Contracts\Container\Container;
 use Illuminate\Database\ConnectionInterface;
+use Obx\Laravel\Contracts\FromKafka;
 use Throwable;
 
 /**
@@ -147,12 +148,21 @@ final class Worker
             $message->eventType ?? '(none)', $message->topic));
     }
 
-    /** Runs the listener ($listener->handle($message)); a type mapped to null is skipped. */
+    /**
+     * Runs what the message maps to: an event class implementing FromKafka
+     * is made from it and dispatched to its Laravel listeners; any other
+     * class is resolved from the container and gets the message
+     * (handle($message), or __invoke).  A type mapped to null is skipped.
+     */
     private function dispatch(LandedMessage $message): string
     {
         $class = $this->listenerFor($message);
         if ($class === null) {
             return self::SKIPPED;
+        }
+        if (is_subclass_of($class, FromKafka::class)) {
+            $this->container->make('events')->dispatch($class::fromKafka($message));
+            return self::DONE;
         }
         $listener = $this->container->make($class);
         method_exists($listener, 'handle') ? $listener->handle($message) : $listener($message);
