@@ -14,7 +14,7 @@ OBJS = src/base/obx.o src/base/compat.o src/base/worker.o src/base/launcher.o sr
 	src/relay/claim.o src/relay/outbox.o src/relay/turns.o src/relay/kafka.o src/relay/cloudevents.o \
 	src/relay/latency.o src/consumer/consumer.o src/consumer/consumer_group.o src/consumer/held.o \
 	src/consumer/inbox.o src/consumer/inbox_group.o src/consumer/progress.o src/consumer/inbound.o \
-	src/consumer/handler.o src/protocol/kafka_errors.o
+	src/consumer/handler.o src/consumer/land.o src/protocol/kafka_errors.o
 EXTENSION = obx
 DATA = obx--1.0.sql obx--1.0--1.1.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"
@@ -24,7 +24,7 @@ PG_CPPFLAGS = $(addprefix -I$(srcdir)/src/,base api relay consumer protocol)
 PG_CFLAGS = -Wall -Wmissing-prototypes -Werror
 
 REGRESS = enqueue enqueue_many mark_processed operations privileges consumer security relay_served \
-	trace tombstone
+	trace tombstone landed
 REGRESS_OPTS = --inputdir=test --outputdir=test/results \
 	--temp-instance=test/tmp_check --temp-config=test/regress.conf
 

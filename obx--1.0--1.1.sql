@@ -893,3 +893,346 @@ SELECT pg_catalog.pg_extension_config_dump('obx.records_2', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.event_states', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.generations', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.lease_seq', '');
+
+/* ---------------------------------------------------------------------
+ * Landing: messages for a consumer that runs outside the database
+ * (php artisan obx:work, docs/laravel.md).  A subscription whose handler
+ * is obx.land has each new message written into obx.landed by the consumer
+ * workers, in the transaction that marks it processed: it lands once.  The
+ * outside worker then takes the landed rows of its consumer one at a time,
+ * per key in landing order, and deletes each in the transaction that
+ * commits its effect (obx.claim_landed, obx.complete_landed); a failure
+ * backs off, and after max_attempts the row becomes a dead letter
+ * (obx.fail_landed), which obx.replay_dead_letter lands again.
+ * --------------------------------------------------------------------- */
+
+CREATE TABLE obx.landed (
+	id					bigserial	PRIMARY KEY,	/* landing order */
+	consumer_name		text		COLLATE pg_catalog."C" NOT NULL,
+	event_id			text		NOT NULL,
+	event_type			text,
+	topic				text		NOT NULL,
+	kafka_partition		integer		NOT NULL,
+	kafka_offset		bigint		NOT NULL,
+	event_key			text		COLLATE pg_catalog."C",
+	headers				jsonb,
+	payload				jsonb,		/* NULL: a tombstone */
+	kafka_timestamp		timestamptz,
+	landed_at			timestamptz NOT NULL DEFAULT now(),
+	attempts			integer		NOT NULL DEFAULT 0,
+	next_attempt_at		timestamptz NOT NULL DEFAULT '-infinity',
+	last_error			text
+);
+/*
+ * How many times a worker started on a landed row: written on a second
+ * connection before the listener runs (obx.start_landed), so that it
+ * survives a worker killed inside the listener, whose transaction is lost.
+ * No foreign key: it must not wait for the row lock the claim holds.
+ */
+CREATE TABLE obx.landed_starts (
+	landed_id			bigint		PRIMARY KEY,
+	starts				integer		NOT NULL
+);
+
+/* The claim: a consumer's rows in order, and whether a key has an earlier one. */
+CREATE INDEX landed_consumer_idx ON obx.landed (consumer_name, id);
+CREATE INDEX landed_key_idx ON obx.landed (consumer_name, event_key, id);
+
+/*
+ * Writes one landed row; called by obx.land alone (src/consumer/land.c).
+ * At commit the consumer's waiting workers are woken: the channel is
+ * obx_landed_ and the md5 of the consumer name (a channel name has at most
+ * 63 bytes; a hash says nothing to a listener that does not know the name),
+ * notified once per transaction however many rows it lands.
+ */
+CREATE FUNCTION obx._land(consumer_name text, e obx.inbound_event)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	INSERT INTO obx.landed (consumer_name, event_id, event_type, topic, kafka_partition,
+							kafka_offset, event_key, headers, payload, kafka_timestamp)
+	VALUES (_land.consumer_name, (_land.e).event_id, (_land.e).event_type, (_land.e).topic,
+			(_land.e).kafka_partition, (_land.e).kafka_offset, (_land.e).event_key,
+			(_land.e).headers, (_land.e).payload, (_land.e).kafka_timestamp);
+	SELECT pg_notify('obx_landed_' || md5(_land.consumer_name), '');
+$$;
+
+/*
+ * The built-in handler that lands messages.  It lands for the consumer
+ * whose handler is running and refuses to run otherwise, so anyone may
+ * execute it: a role can land only into a consumer it subscribed.
+ */
+CREATE FUNCTION obx.land(e obx.inbound_event)
+RETURNS void
+AS 'MODULE_PATHNAME', 'obx_land'
+LANGUAGE C VOLATILE;
+
+/*
+ * Who may take, complete or fail a consumer's landed rows: its owner, the
+ * owner's members and superusers (obx.consumer_owners), as for marking.
+ * The C wrappers (src/api/consumer_sql.c) pass the caller.
+ */
+CREATE FUNCTION obx._check_landed_owner(caller oid, consumer_name text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	owner_role oid;
+BEGIN
+	SELECT o.owner INTO owner_role FROM obx.consumer_owners o
+	 WHERE o.consumer_name = _check_landed_owner.consumer_name;
+	IF NOT FOUND THEN
+		IF NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.oid = caller), false) THEN
+			RAISE EXCEPTION 'no obx consumer "%"', consumer_name
+				USING ERRCODE = 'undefined_object',
+					  HINT = 'obx.subscribe it with the handler obx.land(obx.inbound_event) first.';
+		END IF;
+		RETURN;
+	END IF;
+	PERFORM obx._check_consumer_owner(caller, consumer_name, owner_role);
+END
+$$;
+
+/*
+ * claim: the consumer's next landed row, locked for the caller's
+ * transaction; NULL when none is ready.  A row is ready when its backoff
+ * has passed and no earlier row of its consumer and key is still landed
+ * (locked by another worker, backing off, or not yet done): the effects
+ * of a key's rows commit in landing order, whatever the number of
+ * workers.  The row stays landed until complete or fail in the same
+ * transaction; if that transaction ends otherwise (an error, a killed
+ * worker) it is simply ready again.
+ */
+CREATE FUNCTION obx._claim_landed(caller oid, consumer_name text)
+RETURNS obx.landed
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	r obx.landed;
+BEGIN
+	PERFORM obx._check_landed_owner(caller, consumer_name);
+	/* Usually a ready row is among the first ones. */
+	SELECT l.* INTO r
+	  FROM obx.landed l
+	 WHERE l.id IN (SELECT f.id FROM obx.landed f
+					 WHERE f.consumer_name = _claim_landed.consumer_name
+					 ORDER BY f.id LIMIT 100)
+	   AND l.next_attempt_at <= clock_timestamp()
+	   AND NOT EXISTS (SELECT 1 FROM obx.landed p
+						WHERE p.consumer_name = l.consumer_name
+						  AND p.event_key = l.event_key
+						  AND p.id < l.id)
+	 ORDER BY l.id
+	 LIMIT 1
+	   FOR UPDATE OF l SKIP LOCKED;
+	IF FOUND THEN
+		RETURN r;
+	END IF;
+	/*
+	 * Else they wait behind a few keys' first rows (backing off, or held
+	 * by other workers), and the rows behind those are no candidates: take
+	 * the first row of each key, one index probe per key (a loose scan of
+	 * landed_key_idx), and rows without a key.
+	 */
+	WITH RECURSIVE k(event_key) AS (
+		SELECT min(h.event_key) FROM obx.landed h
+		 WHERE h.consumer_name = _claim_landed.consumer_name
+		UNION ALL
+		SELECT (SELECT min(h.event_key) FROM obx.landed h
+				 WHERE h.consumer_name = _claim_landed.consumer_name
+				   AND h.event_key > k.event_key)
+		  FROM k WHERE k.event_key IS NOT NULL
+	)
+	SELECT l.* INTO r
+	  FROM obx.landed l
+	 WHERE l.id IN (SELECT (SELECT h.id FROM obx.landed h
+							 WHERE h.consumer_name = _claim_landed.consumer_name
+							   AND h.event_key = k.event_key
+							 ORDER BY h.id LIMIT 1)
+					  FROM k WHERE k.event_key IS NOT NULL
+					UNION ALL
+					SELECT h.id FROM obx.landed h
+					 WHERE h.consumer_name = _claim_landed.consumer_name
+					   AND h.event_key IS NULL)
+	   AND l.next_attempt_at <= clock_timestamp()
+	 ORDER BY l.id
+	 LIMIT 1
+	   FOR UPDATE OF l SKIP LOCKED;
+	IF NOT FOUND THEN
+		RETURN NULL;
+	END IF;
+	RETURN r;
+END
+$$;
+
+CREATE FUNCTION obx.claim_landed(consumer_name text)
+RETURNS obx.landed
+AS 'MODULE_PATHNAME', 'obx_claim_landed'
+LANGUAGE C VOLATILE;
+
+/*
+ * start: count one more start of a worker on the row, and return the
+ * count (NULL: no such row).  Called outside the claim's transaction (a
+ * second connection, autocommit) once the row is claimed: a start that
+ * ends in neither complete nor fail is a worker that died in the listener.
+ */
+CREATE FUNCTION obx._start_landed(caller oid, consumer_name text, landed_id bigint)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	n integer;
+BEGIN
+	PERFORM obx._check_landed_owner(caller, consumer_name);
+	IF NOT EXISTS (SELECT 1 FROM obx.landed l
+					WHERE l.id = _start_landed.landed_id
+					  AND l.consumer_name = _start_landed.consumer_name) THEN
+		RETURN NULL;
+	END IF;
+	INSERT INTO obx.landed_starts AS t (landed_id, starts)
+	VALUES (_start_landed.landed_id, 1)
+	ON CONFLICT ON CONSTRAINT landed_starts_pkey DO UPDATE SET starts = t.starts + 1
+	RETURNING t.starts INTO n;
+	RETURN n;
+END
+$$;
+
+CREATE FUNCTION obx.start_landed(consumer_name text, landed_id bigint)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'obx_start_landed'
+LANGUAGE C VOLATILE;
+
+/* complete: the row's effect commits with this transaction; the row goes. */
+CREATE FUNCTION obx._complete_landed(caller oid, consumer_name text, landed_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM obx._check_landed_owner(caller, consumer_name);
+	DELETE FROM obx.landed l
+	 WHERE l.id = _complete_landed.landed_id
+	   AND l.consumer_name = _complete_landed.consumer_name;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	DELETE FROM obx.landed_starts t WHERE t.landed_id = _complete_landed.landed_id;
+	RETURN true;
+END
+$$;
+
+CREATE FUNCTION obx.complete_landed(consumer_name text, landed_id bigint)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'obx_complete_landed'
+LANGUAGE C VOLATILE;
+
+/*
+ * fail: the row's attempt failed with error (its effects rolled back).  It
+ * stays first of its key and is ready again after retry_after, or, at its
+ * max_attempts-th failure, moves to obx.dead_letters (class handler) and
+ * its key goes on.  A dead letter of the same message replayed before is
+ * pending again.  Returns 'retry' or 'dead_letter' (NULL: no such row).
+ */
+CREATE FUNCTION obx._fail_landed(caller oid, consumer_name text, landed_id bigint,
+								 error text, max_attempts integer, retry_after interval)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+	r obx.landed;
+BEGIN
+	PERFORM obx._check_landed_owner(_fail_landed.caller, _fail_landed.consumer_name);
+	IF max_attempts IS NULL OR max_attempts < 1 THEN
+		RAISE EXCEPTION 'obx.fail_landed needs max_attempts of 1 or more'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	UPDATE obx.landed l
+	   SET attempts = l.attempts + 1,
+		   last_error = coalesce(_fail_landed.error, 'unknown error'),
+		   next_attempt_at = clock_timestamp() + coalesce(_fail_landed.retry_after, '0')
+	 WHERE l.id = _fail_landed.landed_id
+	   AND l.consumer_name = _fail_landed.consumer_name
+	RETURNING l.* INTO r;
+	IF NOT FOUND THEN
+		RETURN NULL;
+	ELSIF r.attempts < max_attempts THEN
+		RETURN 'retry';
+	END IF;
+	DELETE FROM obx.landed l WHERE l.id = r.id;
+	DELETE FROM obx.landed_starts t WHERE t.landed_id = r.id;
+	INSERT INTO obx.dead_letters AS d
+		(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
+		 event_type, headers, payload, kafka_timestamp, error_class, error_message)
+	VALUES (r.consumer_name, r.event_id, r.topic, r.kafka_partition, r.kafka_offset,
+			r.event_key, r.event_type, r.headers, r.payload, r.kafka_timestamp, 'handler',
+			format('%s (attempt %s of max_attempts %s)', r.last_error, r.attempts, max_attempts))
+	ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO UPDATE
+	   SET event_id = excluded.event_id, event_key = excluded.event_key,
+		   event_type = excluded.event_type, headers = excluded.headers,
+		   payload = excluded.payload, raw_payload = NULL,
+		   kafka_timestamp = excluded.kafka_timestamp, error_class = excluded.error_class,
+		   error_sqlstate = NULL, error_message = excluded.error_message,
+		   failed_at = now(), replayed_at = NULL;
+	RETURN 'dead_letter';
+END
+$$;
+
+CREATE FUNCTION obx.fail_landed(consumer_name text, landed_id bigint, error text,
+								max_attempts integer, retry_after interval)
+RETURNS text
+AS 'MODULE_PATHNAME', 'obx_fail_landed'
+LANGUAGE C VOLATILE;
+
+/* Per consumer: what waits for the outside worker. */
+CREATE VIEW obx.landed_status AS
+SELECT l.consumer_name,
+	   count(*) AS landed,
+	   count(*) FILTER (WHERE l.attempts > 0) AS failing,
+	   count(*) FILTER (WHERE l.next_attempt_at > now()) AS backing_off,
+	   min(l.landed_at) AS oldest_landed_at,
+	   greatest(now() - min(l.landed_at), '0'::interval) AS oldest_landed_age
+  FROM obx.landed l
+ GROUP BY l.consumer_name;
+
+/*
+ * Nothing granted but obx.land (see above): an outside worker's role gets
+ * EXECUTE on claim_landed, complete_landed and fail_landed, which check
+ * that it acts for the consumer (docs/security.md).
+ */
+REVOKE ALL ON obx.landed, obx.landed_status, obx.landed_starts FROM PUBLIC;
+REVOKE ALL ON SEQUENCE obx.landed_id_seq FROM PUBLIC;
+REVOKE ALL ON FUNCTION obx._land(text, obx.inbound_event),
+	obx._check_landed_owner(oid, text), obx._claim_landed(oid, text),
+	obx._complete_landed(oid, text, bigint), obx._start_landed(oid, text, bigint),
+	obx.start_landed(text, bigint),
+	obx._fail_landed(oid, text, bigint, text, integer, interval),
+	obx.claim_landed(text), obx.complete_landed(text, bigint),
+	obx.fail_landed(text, bigint, text, integer, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION obx.land(obx.inbound_event) TO PUBLIC;
+
+COMMENT ON TABLE obx.landed IS
+	'Messages landed by the handler obx.land for a consumer outside the database (obx:work), until it completes them';
+COMMENT ON VIEW obx.landed_status IS
+	'Per consumer outside the database: landed messages waiting, failing, backing off, and the age of the oldest';
+COMMENT ON FUNCTION obx.land(obx.inbound_event) IS
+	'Handler that lands each message in obx.landed for a worker outside the database; only runs as a subscription''s handler';
+COMMENT ON FUNCTION obx.claim_landed(text) IS
+	'Lock and return the consumer''s next landed row ready to run (per key in landing order), or NULL';
+COMMENT ON TABLE obx.landed_starts IS
+	'How many times a worker started on each landed row, counted outside its transaction so that a killed worker counts';
+COMMENT ON FUNCTION obx.start_landed(text, bigint) IS
+	'Count a start on a claimed landed row (from a second connection, before the listener runs); returns the count';
+COMMENT ON FUNCTION obx.complete_landed(text, bigint) IS
+	'Delete a landed row in the transaction that commits its effect';
+COMMENT ON FUNCTION obx.fail_landed(text, bigint, text, integer, interval) IS
+	'Record a failed attempt of a landed row: retry after a backoff, or at max_attempts move it to obx.dead_letters';
+
+SELECT pg_catalog.pg_extension_config_dump('obx.landed', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.landed_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('obx.landed_starts', '');

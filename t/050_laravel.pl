@@ -17,13 +17,25 @@
 # committed).  Afterwards one already-processed message is produced to the
 # topic a second time, with the same event_id header, key and payload.
 #
+# Then the PHP consumer: stock moves (topic stock.moves.v1, 4 skus x 30
+# moves, keyed by sku, one of them sent twice, one with a negative quantity)
+# produced through the Kafka stand-in are landed in obx.landed by obx's
+# consumer (handler obx.land) and applied by three `obx:work` processes
+# running App\Listeners\ApplyStockMove; one of them is killed (SIGKILL)
+# inside the listener, after its write and before its commit.
+#
 # Proves: the shop holds exactly the orders PHP saw commit, and the outbox
 # exactly their events, all published; rolled-back orders leave no order,
 # no event and no reservation; every committed order's lines are reserved
 # exactly once, in the warehouse its schema version says, and the stock
 # counters equal the sum of committed quantities; the dedupe history holds
 # exactly the committed event ids; the forced re-delivery is counted as a
-# duplicate and reserves nothing; nothing is dead-lettered.
+# duplicate and reserves nothing; nothing is dead-lettered.  In PHP: every
+# move but the poison is applied exactly once (the killed worker's write
+# rolled back, the duplicate never landed), each sku's moves one after
+# another in order (each saw the previous one committed), balances = sums;
+# the poison is dead-lettered after its tries, its sku goes on, and a
+# replay after fixing it lands it again and obx:work applies it once.
 use strict;
 use warnings;
 
@@ -49,6 +61,9 @@ my $mock = start_mock();
 # Consumers do not create topics; the relay's producer would, on its first
 # event.  Create it now so the subscription finds it whenever it starts.
 mock_cmd($mock, "topic-create $topic 4");
+my $moves_topic = 'stock.moves.v1';
+my $moves_consumer = 'inventory-moves';
+mock_cmd($mock, "topic-create $moves_topic 3");
 
 my $node = obx_node('laravel', $mock,
 	'obx.database' => "'shop'",
@@ -70,6 +85,8 @@ $ENV{SHOP_DATABASE} = 'shop';
 $ENV{INVENTORY_DATABASE} = 'inventory';
 $ENV{ORDERS_TOPIC} = $topic;
 $ENV{INVENTORY_CONSUMER} = $consumer;
+$ENV{MOVES_TOPIC} = $moves_topic;
+$ENV{MOVES_CONSUMER} = $moves_consumer;
 # Offsets reach Kafka only on a rebalance, never on a timer: whatever the
 # consumer handled before the crash comes again after it, and must be
 # recognized as already processed.  A short session timeout lets the group
@@ -331,5 +348,98 @@ note('consumer: ' . $node->safe_psql('inventory',
 	   FROM obx.consumers WHERE consumer_name = '$consumer'"));
 note(sprintf('messages at the broker: %d for %d events; wall time %.1f s',
 	scalar(@$msgs), scalar(keys %$seen), time() - $t0));
+
+# --- The PHP consumer: obx:work ----------------------------------------
+
+# The moves, interleaved by sku, through the stand-in with the sku as key
+# (the event id and type from the payload, as for any producer).  mv-sku_1-3
+# is sent twice; mv-sku_3-12 carries a negative quantity (the poison).
+my (@lines, %qty_of);
+for my $seq (1 .. 30)
+{
+	for my $k (1 .. 4)
+	{
+		my $id = "mv-sku_$k-$seq";
+		my $qty = $id eq 'mv-sku_3-12' ? -1 : 1 + ($seq * $k) % 7;
+		$qty_of{$id} = $qty;
+		push @lines, "sku_$k|" . encode_json({ eventId => $id, eventType => 'StockMoved',
+			sku => "sku_$k", seq => $seq, qty => $qty });
+		push @lines, $lines[-1] if $id eq 'mv-sku_1-3';
+	}
+}
+my $moves = join("\n", @lines) . "\n";
+my ($mout, $merr) = ('', '');
+ok(IPC::Run::run([ 'kcat', '-P', '-b', $mock->{bootstrap}, '-t', $moves_topic, '-K', '|' ],
+	'<', \$moves, '>', \$mout, '2>', \$merr,
+	IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default)),
+	scalar(@lines) . " stock moves produced to $moves_topic") or diag($merr);
+my @applied = sort grep { $qty_of{$_} > 0 } keys %qty_of;
+
+# Three workers; the one that runs mv-sku_2-7 first dies inside the listener.
+my $marker = "$dir/died";
+local $ENV{OBX_EXAMPLE_DIE_AT} = 'mv-sku_2-7';
+local $ENV{OBX_EXAMPLE_DIE_MARKER} = $marker;
+my @workers = map {
+	IPC::Run::start(
+		[ 'php', $artisan, 'obx:work', '--connection=inventory', '--sleep=0.05', '--tries=2',
+		  '--backoff=0' ],
+		'<', \undef, '>', "$dir/w$_.out", '2>', "$dir/w$_.err")
+} 0 .. 2;
+ok($node->poll_query_until('inventory', qq{
+	SELECT (SELECT count(*) FROM inventory.stock_moves) = ${\ scalar(@applied)}
+	   AND (SELECT count(*) FROM obx.landed) = 0
+	   AND (SELECT count(*) FROM obx.dead_letters WHERE consumer_name = '$moves_consumer') = 1}),
+	'obx:work applied every move but the poison, which is dead-lettered; nothing is left landed')
+  or diag(join('', map { slurp_file("$dir/w$_.err") } 0 .. 2));
+$_->signal('TERM') for @workers;
+my @ends;
+for my $w (@workers)
+{
+	$w->finish;
+	my $r = $w->full_result(0);
+	push @ends, ($r & 127) ? 'signal ' . ($r & 127) : 'exit ' . ($r >> 8);
+}
+is_deeply([ sort @ends ], [ 'exit 0', 'exit 0', 'signal 9' ],
+	'one obx:work process died of SIGKILL in its listener; the others stopped on SIGTERM with status 0');
+ok(-d $marker, 'the listener of mv-sku_2-7 was where the worker died');
+
+# Exactly once and in order, per sku.
+is_deeply([ map { $_->[0] } @{ rows('inventory',
+	'SELECT event_id FROM inventory.stock_moves ORDER BY event_id COLLATE "C"') } ],
+	[ sort { $a cmp $b } @applied ],
+	'every move but the poison applied exactly once: no loss, the duplicate and the killed attempt left nothing');
+is($node->safe_psql('inventory', q{
+	SELECT count(*) FROM (
+		SELECT seq, prev_seq, lag(seq) OVER (PARTITION BY sku ORDER BY id) AS before
+		  FROM inventory.stock_moves) m
+	 WHERE prev_seq IS DISTINCT FROM before OR seq <= coalesce(before, 0)}),
+	'0', 'per sku, each move ran after the previous one had committed, in Kafka order');
+my %balance;
+$balance{ ($_ =~ /^mv-(sku_\d+)-/)[0] } += $qty_of{$_} for @applied;
+is_deeply({ map { $_->[0] => $_->[1] } @{ rows('inventory', q{
+	SELECT DISTINCT ON (sku) sku, balance FROM inventory.stock_moves ORDER BY sku, id DESC}) } },
+	\%balance, 'each sku\'s balance is the sum of its applied moves');
+cmp_ok($node->safe_psql('inventory',
+	"SELECT sum(duplicates) FROM obx.consumer_status WHERE consumer_name = '$moves_consumer'"),
+	'>=', 1, 'the move sent twice was a duplicate for obx\'s consumer: it landed once');
+is($node->safe_psql('inventory', qq{
+	SELECT event_id || ' ' || error_class || ' ' || (error_message LIKE '%qty must be a positive integer%attempt 2 of max_attempts 2%')
+	  FROM obx.dead_letters WHERE consumer_name = '$moves_consumer'}),
+	'mv-sku_3-12 handler true', 'the poison is a dead letter with the listener\'s error after 2 tries');
+is($node->safe_psql('inventory',
+	q{SELECT max(seq) FROM inventory.stock_moves WHERE sku = 'sku_3'}), '30',
+	'the poison\'s sku went on past it');
+
+# Fixed and replayed: obx.land lands it again, obx:work applies it once.
+$node->safe_psql('inventory', qq{
+	UPDATE obx.dead_letters SET payload = jsonb_set(payload, '{qty}', '5')
+	 WHERE consumer_name = '$moves_consumer'});
+is($node->safe_psql('inventory', "SELECT obx.replay_dead_letter('$moves_consumer')"), '1',
+	'the fixed dead letter is replayed');
+like(artisan('obx:work', '--connection=inventory', '--stop-when-empty'),
+	qr/mv-sku_3-12 attempt 1: DONE/, 'obx:work applies the replayed move');
+is($node->safe_psql('inventory',
+	q{SELECT count(*) || ' ' || max(qty) FROM inventory.stock_moves WHERE event_id = 'mv-sku_3-12'}),
+	'1 5', 'the replayed move applied once, with its fixed quantity');
 
 done_testing();

@@ -2,7 +2,10 @@
  *
  * consumer_sql.c
  *	  SQL-callable functions of the consumer side that must know who calls
- *	  them: obx.subscribe, obx.unsubscribe and obx.mark_processed.
+ *	  them: obx.subscribe, obx.unsubscribe, obx.mark_processed, and the
+ *	  steps of a worker outside the database on the messages obx.land
+ *	  landed (obx.claim_landed, obx.start_landed, obx.complete_landed,
+ *	  obx.fail_landed).
  *
  * A subscription, and a consumer name's dedupe history, belong to a role
  * (obx.consumer_owners).  Their tables are written only by obx's own
@@ -30,6 +33,10 @@
 PG_FUNCTION_INFO_V1(obx_subscribe);
 PG_FUNCTION_INFO_V1(obx_unsubscribe);
 PG_FUNCTION_INFO_V1(obx_mark_processed);
+PG_FUNCTION_INFO_V1(obx_claim_landed);
+PG_FUNCTION_INFO_V1(obx_start_landed);
+PG_FUNCTION_INFO_V1(obx_complete_landed);
+PG_FUNCTION_INFO_V1(obx_fail_landed);
 
 #define OBX_MAX_INNER_ARGS 8
 
@@ -100,4 +107,40 @@ obx_mark_processed(PG_FUNCTION_ARGS)
 	Oid types[] = {TEXTOID, TEXTOID};
 
 	return call_with_caller(fcinfo, "_mark_processed", lengthof(types), types);
+}
+
+/* obx.claim_landed(consumer_name) */
+Datum
+obx_claim_landed(PG_FUNCTION_ARGS)
+{
+	Oid types[] = {TEXTOID};
+
+	return call_with_caller(fcinfo, "_claim_landed", lengthof(types), types);
+}
+
+/* obx.start_landed(consumer_name, landed_id) */
+Datum
+obx_start_landed(PG_FUNCTION_ARGS)
+{
+	Oid types[] = {TEXTOID, INT8OID};
+
+	return call_with_caller(fcinfo, "_start_landed", lengthof(types), types);
+}
+
+/* obx.complete_landed(consumer_name, landed_id) */
+Datum
+obx_complete_landed(PG_FUNCTION_ARGS)
+{
+	Oid types[] = {TEXTOID, INT8OID};
+
+	return call_with_caller(fcinfo, "_complete_landed", lengthof(types), types);
+}
+
+/* obx.fail_landed(consumer_name, landed_id, error, max_attempts, retry_after) */
+Datum
+obx_fail_landed(PG_FUNCTION_ARGS)
+{
+	Oid types[] = {TEXTOID, INT8OID, TEXTOID, INT4OID, INTERVALOID};
+
+	return call_with_caller(fcinfo, "_fail_landed", lengthof(types), types);
 }

@@ -59,6 +59,12 @@ static ObxHandlerSlot *my_handler_slot = NULL;
 static bool handler_timeout_hit = false;
 
 /*
+ * The consumer name whose handler runs now (obx_handler_invoke), NULL
+ * between calls: what obx.land lands for (land.c).  Only this file sets it.
+ */
+static const char *calling_consumer = NULL;
+
+/*
  * obx_handler_timeout
  *		options.handler_timeout_ms as obx.subscribe accepts it: a whole
  *		number of milliseconds, 0 for none.  NULL, or anything else, gives
@@ -147,18 +153,19 @@ rethrow_handler_error(MemoryContext cxt, const char *name, int timeout_ms)
 
 /*
  * obx_handler_prepare
- *		Get ready to call a subscription's handler (obx_handler_invoke) as
- *		the subscription's owner, for at most timeout_ms (0: no limit).  The
+ *		Get ready to call consumer's handler (obx_handler_invoke) as the
+ *		subscription's owner, for at most timeout_ms (0: no limit).  The
  *		function's lookup is kept in cxt and reused by every call until cxt
  *		is reset: a LANGUAGE sql handler then keeps its plans for as long as
  *		its (sub)transaction lasts, instead of parsing and planning its body
  *		on every call.
  */
 void
-obx_handler_prepare(ObxHandlerCall *call, Oid handler, Oid owner,
-					int timeout_ms, MemoryContext cxt)
+obx_handler_prepare(ObxHandlerCall *call, const char *consumer, Oid handler,
+					Oid owner, int timeout_ms, MemoryContext cxt)
 {
 	memset(call, 0, sizeof(*call));
+	call->consumer = MemoryContextStrdup(cxt, consumer);
 	call->handler = handler;
 	call->owner = owner;
 	call->timeout_ms = timeout_ms;
@@ -205,6 +212,7 @@ void
 obx_handler_invoke(ObxHandlerCall *call, Datum event)
 {
 	MemoryContext cxt = CurrentMemoryContext;
+	const char *save_consumer = calling_consumer;
 	Oid save_user;
 	int save_sec;
 	int save_nestlevel;
@@ -224,15 +232,18 @@ obx_handler_invoke(ObxHandlerCall *call, Datum event)
 	fcinfo->args[0].isnull = false;
 
 	arm_timer(call->timeout_ms);
+	calling_consumer = call->consumer;
 	PG_TRY();
 	{
 		(void) FunctionCallInvoke(fcinfo);
 	}
 	PG_CATCH();
 	{
+		calling_consumer = save_consumer;
 		rethrow_handler_error(cxt, call->name, call->timeout_ms);
 	}
 	PG_END_TRY();
+	calling_consumer = save_consumer;
 	disarm_timer();
 
 	AtEOXact_GUC(false, save_nestlevel);
@@ -245,12 +256,25 @@ obx_handler_invoke(ObxHandlerCall *call, Datum event)
  *		obx_handler_invoke).
  */
 void
-obx_call_handler(Oid handler, Oid owner, Datum event, int timeout_ms)
+obx_call_handler(const char *consumer, Oid handler, Oid owner, Datum event,
+				 int timeout_ms)
 {
 	ObxHandlerCall call;
 
-	obx_handler_prepare(&call, handler, owner, timeout_ms, CurrentMemoryContext);
+	obx_handler_prepare(&call, consumer, handler, owner, timeout_ms,
+						CurrentMemoryContext);
 	obx_handler_invoke(&call, event);
+}
+
+/*
+ * obx_handler_consumer
+ *		The consumer name whose handler is running, or NULL when no handler
+ *		call of obx's is under way.
+ */
+const char *
+obx_handler_consumer(void)
+{
+	return calling_consumer;
 }
 
 /*
@@ -408,7 +432,7 @@ obx_replay_handler(PG_FUNCTION_ARGS)
 		"       s.options->>'handler_timeout_ms',"
 		"       ROW(d.event_id, d.event_type, d.topic, d.kafka_partition,"
 		"           d.kafka_offset, d.event_key, d.headers, d.payload,"
-		"           d.kafka_timestamp)::obx.inbound_event"
+		"           d.kafka_timestamp)::obx.inbound_event, d.consumer_name"
 		"  FROM obx.dead_letters d"
 		"  JOIN obx.subscriptions s ON s.consumer_name = d.consumer_name"
 		" WHERE d.id = $1 AND d.replayed_at IS NULL",
@@ -430,7 +454,7 @@ obx_replay_handler(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_UNDEFINED_FUNCTION),
 				 errmsg("the handler of the subscription of obx dead letter %lld no longer exists",
 						(long long) id)));
-	obx_call_handler(handler,
+	obx_call_handler(SPI_getvalue(tup, desc, 5), handler,
 					 DatumGetObjectId(SPI_getbinval(tup, desc, 2, &isnull)),
 					 SPI_getbinval(tup, desc, 4, &isnull),
 					 obx_handler_timeout(timeout));

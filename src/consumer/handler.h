@@ -20,6 +20,7 @@
 /* A handler ready to be called, again and again (obx_handler_prepare). */
 typedef struct ObxHandlerCall
 {
+	char *consumer; /* the subscription's name (obx_handler_consumer) */
 	Oid handler;
 	Oid owner;
 	int timeout_ms;
@@ -29,11 +30,13 @@ typedef struct ObxHandlerCall
 	FmgrInfo flinfo;
 } ObxHandlerCall;
 
-extern void obx_handler_prepare(ObxHandlerCall *call, Oid handler, Oid owner,
-								int timeout_ms, MemoryContext cxt);
+extern void obx_handler_prepare(ObxHandlerCall *call, const char *consumer,
+								Oid handler, Oid owner, int timeout_ms,
+								MemoryContext cxt);
 extern void obx_handler_invoke(ObxHandlerCall *call, Datum event);
-extern void obx_call_handler(Oid handler, Oid owner, Datum event,
-							 int timeout_ms);
+extern void obx_call_handler(const char *consumer, Oid handler, Oid owner,
+							 Datum event, int timeout_ms);
+extern const char *obx_handler_consumer(void);
 extern int obx_handler_timeout(const char *option);
 
 /* The consumer worker's side: one slot per worker number. */

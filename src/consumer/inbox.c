@@ -363,7 +363,8 @@ mark_and_handle(Attempt *a)
 	row = obx_inbound_row(a->msg, &a->ev);
 	obx_handler_enter(a->msg);
 	a->in_handler = true;
-	obx_call_handler(sub->handler, sub->owner, row, sub->handler_timeout_ms);
+	obx_call_handler(sub->name, sub->handler, sub->owner, row,
+					 sub->handler_timeout_ms);
 	a->in_handler = false;
 	obx_handler_leave();
 	record_progress(a->msg, &a->ev, OBX_INBOX_PROCESSED, NULL, NULL);

@@ -177,8 +177,8 @@ try_group(Member *m, int n, ObxInboxFailure *failure)
 	ErrorData *edata;
 
 	MemoryContextReset(attempt_cxt);
-	obx_handler_prepare(&a.call, sub->handler, sub->owner, sub->handler_timeout_ms,
-						attempt_cxt);
+	obx_handler_prepare(&a.call, sub->name, sub->handler, sub->owner,
+						sub->handler_timeout_ms, attempt_cxt);
 	/* In group_cxt: the error outlives the attempts after this one. */
 	edata = obx_in_subtransaction(apply_members, &a);
 	if (edata == NULL)

@@ -610,6 +610,50 @@ LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT obx._mark_processed(/* @caller */, consumer_name, event_id) $$;
 
+-- replaces obx.claim_landed
+CREATE FUNCTION obx.claim_landed(consumer_name text)
+RETURNS obx.landed
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT obx._claim_landed(/* @caller */, consumer_name) $$;
+
+-- replaces obx.start_landed
+CREATE FUNCTION obx.start_landed(consumer_name text, landed_id bigint)
+RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT obx._start_landed(/* @caller */, consumer_name, landed_id) $$;
+
+-- replaces obx.complete_landed
+CREATE FUNCTION obx.complete_landed(consumer_name text, landed_id bigint)
+RETURNS boolean
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT obx._complete_landed(/* @caller */, consumer_name, landed_id) $$;
+
+-- replaces obx.fail_landed
+CREATE FUNCTION obx.fail_landed(consumer_name text, landed_id bigint, error text,
+								max_attempts integer, retry_after interval)
+RETURNS text
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT obx._fail_landed(/* @caller */, consumer_name, landed_id, error,
+							  max_attempts, retry_after) $$;
+
+-- replaces obx.land
+/* The SQL-only install runs no consumer, so no handler: never inside one. */
+CREATE FUNCTION obx.land(e obx.inbound_event)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	RAISE EXCEPTION 'obx.land can only run as the handler of an obx subscription'
+		USING ERRCODE = '55000',
+		HINT = 'Subscribe with it: SELECT obx.subscribe(''name'', ARRAY[''topic''], ''obx.land(obx.inbound_event)'').';
+END
+$$;
+
 -- snippet caller
 coalesce((SELECT r.oid FROM pg_roles r
 		   WHERE r.rolname = current_setting('role') AND current_setting('role') <> 'none'),

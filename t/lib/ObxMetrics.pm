@@ -56,7 +56,7 @@ sub grant_monitoring
 		GRANT USAGE ON SCHEMA obx TO $role;
 		GRANT SELECT ON obx.status, obx.quarantine, obx.workers,
 			obx.publish_latency, obx.publish_latency_summary,
-			obx.consumers, obx.consumer_status TO $role;});
+			obx.consumers, obx.consumer_status, obx.landed_status TO $role;});
 	return $role;
 }
 

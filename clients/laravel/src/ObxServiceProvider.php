@@ -10,7 +10,8 @@ use Obx\Laravel\Listeners\PublishToKafka;
  * Registers the outbox behind the Obx facade (container key "obx"), the
  * listener that enqueues ShouldPublishToKafka events, the check of each
  * model's $dispatchesEvents at its boot (AfterCommit), and the artisan
- * commands obx:status, obx:quarantine, obx:retry, obx:replay, obx:skip.
+ * commands obx:status, obx:quarantine, obx:retry, obx:replay, obx:skip and
+ * obx:work.
  */
 class ObxServiceProvider extends ServiceProvider
 {
@@ -43,6 +44,7 @@ class ObxServiceProvider extends ServiceProvider
             Console\RetryCommand::class,
             Console\ReplayCommand::class,
             Console\SkipCommand::class,
+            Console\WorkCommand::class,
         ]);
     }
 }

@@ -12,6 +12,9 @@ return [
 
     'topics' => [env('ORDERS_TOPIC', 'orders.placed.v1')],
 
+    // Stock moves, consumed in PHP by obx:work (config obx.work).
+    'moves_topic' => env('MOVES_TOPIC', 'stock.moves.v1'),
+
     // Extra librdkafka consumer properties of the subscription, as
     // "key=value;key=value" (e.g. "session.timeout.ms=6000").
     'kafka' => collect(explode(';', (string) env('INVENTORY_KAFKA_PROPERTIES', '')))

@@ -1,0 +1,54 @@
+<?php
+
+namespace Obx\Laravel\Work;
+
+/**
+ * One Kafka message as obx:work hands it to a listener: what obx's
+ * consumer landed in obx.landed (docs/sql.md), with the payload decoded:
+ * an array for a JSON object (any JSON value is accepted upstream), null
+ * for a tombstone (a deletion of $key).  $attempt counts from 1; a message
+ * retried after a failure comes again with the next one.
+ */
+final class LandedMessage
+{
+    public function __construct(
+        public readonly int $id,
+        public readonly string $consumer,
+        public readonly string $eventId,
+        public readonly ?string $eventType,
+        public readonly string $topic,
+        public readonly int $partition,
+        public readonly int $offset,
+        public readonly ?string $key,
+        public readonly array $headers,
+        public readonly mixed $payload,
+        public readonly ?string $kafkaTimestamp,
+        public readonly int $attempt,
+    ) {
+    }
+
+    /** From a row of obx.claim_landed (jsonb columns as text). */
+    public static function fromRow(object $row): self
+    {
+        return new self(
+            (int) $row->id,
+            $row->consumer_name,
+            $row->event_id,
+            $row->event_type,
+            $row->topic,
+            (int) $row->kafka_partition,
+            (int) $row->kafka_offset,
+            $row->event_key,
+            (array) ($row->headers === null ? [] : json_decode($row->headers, true, 512, JSON_THROW_ON_ERROR)),
+            $row->payload === null ? null : json_decode($row->payload, true, 512, JSON_THROW_ON_ERROR),
+            $row->kafka_timestamp,
+            (int) $row->attempts + 1,
+        );
+    }
+
+    /** "topic[partition]@offset", as logs name a message. */
+    public function where(): string
+    {
+        return sprintf('%s[%d]@%d', $this->topic, $this->partition, $this->offset);
+    }
+}
