@@ -204,9 +204,7 @@ DROP TABLE obx.outbox_events;
  * steady rate that start-up was a quarter of the relay's CPU
  * (docs/benchmarks.md).  Called, it starts only where it runs.
  */
-CREATE FUNCTION obx._published_ids(floor bigint, tick bigint,
-									gen_lo bigint DEFAULT 0,
-									gen_hi bigint DEFAULT 8388607)
+CREATE FUNCTION obx._published_ids(floor bigint, tick bigint)
 RETURNS SETOF uuid
 LANGUAGE plpgsql STABLE
 AS $$
@@ -214,26 +212,8 @@ BEGIN
 	RETURN QUERY
 	SELECT u.id
 	  FROM obx.records r, pg_catalog.unnest(r.ids) AS u(id)
-	 WHERE (r.max_seq >= _published_ids.floor OR r.lease_id > _published_ids.tick)
-	   AND (r.lease_id >> 40) % 3 = ANY (obx._slots(_published_ids.gen_lo,
-													 _published_ids.gen_hi));
+	 WHERE r.max_seq >= _published_ids.floor OR r.lease_id > _published_ids.tick;
 END
-$$;
-
-/*
- * The partitions (slots) of the generations gen_lo to gen_hi: a list the
- * executor prunes the other partitions by before it starts their scans.
- * The claim passes the oldest generation not done and its own lease's:
- * a done generation holds no unpublished event and no live lease
- * (obx._rotate), and no event or lease is newer than the claim's lease,
- * drawn under the claim lock that rotation takes too.  The defaults of
- * the functions below are every slot.
- */
-CREATE FUNCTION obx._slots(gen_lo bigint, gen_hi bigint)
-RETURNS bigint[]
-LANGUAGE sql IMMUTABLE
-AS $$
-	SELECT ARRAY[gen_lo % 3, least(gen_lo + 1, gen_hi) % 3, least(gen_lo + 2, gen_hi) % 3]
 $$;
 
 /*
@@ -247,27 +227,19 @@ $$;
  * scans and stops early, which it does not do across a UNION ALL.
  * _unpublished is both, for the rest.
  */
-CREATE FUNCTION obx._unpublished_from(floor bigint, tick bigint,
-									   gen_lo bigint DEFAULT 0,
-									   gen_hi bigint DEFAULT 8388607)
+CREATE FUNCTION obx._unpublished_from(floor bigint, tick bigint)
 RETURNS SETOF obx.events
 LANGUAGE sql STABLE
 AS $$
 	SELECT e.*
 	  FROM obx.events e
 	 WHERE e.seq >= _unpublished_from.floor
-	   AND (e.seq >> 40) % 3 = ANY (obx._slots(_unpublished_from.gen_lo,
-											   _unpublished_from.gen_hi))
 	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_from.floor,
-														  _unpublished_from.tick,
-														  _unpublished_from.gen_lo,
-														  _unpublished_from.gen_hi) p)
+														  _unpublished_from.tick) p)
 	   AND e.id NOT IN (SELECT s.id FROM obx.event_states s)
 $$;
 
-CREATE FUNCTION obx._unpublished_late(floor bigint, snap pg_snapshot, tick bigint,
-									   gen_lo bigint DEFAULT 0,
-									   gen_hi bigint DEFAULT 8388607)
+CREATE FUNCTION obx._unpublished_late(floor bigint, snap pg_snapshot, tick bigint)
 RETURNS SETOF obx.events
 LANGUAGE sql STABLE
 AS $$
@@ -276,12 +248,8 @@ AS $$
 	  FROM obx.events e
 	 WHERE e.xid >= pg_snapshot_xmax(_unpublished_late.snap)::text::bigint
 	   AND e.seq + 0 < _unpublished_late.floor
-	   AND (e.seq >> 40) % 3 = ANY (obx._slots(_unpublished_late.gen_lo,
-											   _unpublished_late.gen_hi))
 	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_late.floor,
-														  _unpublished_late.tick,
-														  _unpublished_late.gen_lo,
-														  _unpublished_late.gen_hi) p)
+														  _unpublished_late.tick) p)
 	   AND e.id NOT IN (SELECT s.id FROM obx.event_states s)
 	UNION ALL
 	SELECT e.*
@@ -289,12 +257,8 @@ AS $$
 	 WHERE e.xid = ANY (ARRAY(SELECT x::text::bigint
 								FROM pg_snapshot_xip(_unpublished_late.snap) x))
 	   AND e.seq + 0 < _unpublished_late.floor
-	   AND (e.seq >> 40) % 3 = ANY (obx._slots(_unpublished_late.gen_lo,
-											   _unpublished_late.gen_hi))
 	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_late.floor,
-														  _unpublished_late.tick,
-														  _unpublished_late.gen_lo,
-														  _unpublished_late.gen_hi) p)
+														  _unpublished_late.tick) p)
 	   AND e.id NOT IN (SELECT s.id FROM obx.event_states s)
 $$;
 
@@ -330,26 +294,17 @@ $$;
  * latest renewal) has not run out.  Older claims cannot hold an event that
  * is still unpublished.
  */
-CREATE FUNCTION obx._live_leases(floor bigint, tick bigint,
-								  gen_lo bigint DEFAULT 0,
-								  gen_hi bigint DEFAULT 8388607)
+CREATE FUNCTION obx._live_leases(floor bigint, tick bigint)
 RETURNS SETOF obx.claims
 LANGUAGE sql STABLE
 AS $$
 	SELECT c.*
 	  FROM obx.claims c
 	 WHERE (c.max_seq >= _live_leases.floor OR c.lease_id > _live_leases.tick)
-	   AND (c.lease_id >> 40) % 3 = ANY (obx._slots(_live_leases.gen_lo, _live_leases.gen_hi))
 	   AND c.ids IS NOT NULL
-	   AND NOT EXISTS (SELECT 1 FROM obx.records r
-						WHERE r.lease_id = c.lease_id
-						  AND (r.lease_id >> 40) % 3 = ANY (obx._slots(_live_leases.gen_lo,
-																	   _live_leases.gen_hi)))
+	   AND NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)
 	   AND greatest(c.until, (SELECT max(n.until) FROM obx.renewals n
-							   WHERE n.lease_id = c.lease_id
-								 AND (n.lease_id >> 40) % 3 = ANY (obx._slots(_live_leases.gen_lo,
-																			  _live_leases.gen_hi))))
-		   >= now()
+							   WHERE n.lease_id = c.lease_id)) >= now()
 $$;
 
 /*
@@ -794,11 +749,10 @@ REVOKE ALL ON obx.generations, obx.events, obx.claims, obx.renewals, obx.records
 	obx.event_states, obx.outbox_events, obx.status, obx.leased_events,
 	obx.quarantine, obx.publish_latency_summary, obx.leases, obx._latest_tick,
 	obx._unpublished_events, obx._live_claims FROM PUBLIC;
-REVOKE ALL ON FUNCTION obx._published_ids(bigint, bigint, bigint, bigint),
-	obx._slots(bigint, bigint), obx._unpublished(bigint, pg_snapshot, bigint),
-	obx._unpublished_from(bigint, bigint, bigint, bigint),
-	obx._unpublished_late(bigint, pg_snapshot, bigint, bigint, bigint), obx._tick(),
-	obx._live_leases(bigint, bigint, bigint, bigint),
+REVOKE ALL ON FUNCTION obx._published_ids(bigint, bigint),
+	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
+	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),
+	obx._live_leases(bigint, bigint),
 	obx._rotate(float8), obx._hold(uuid[]) FROM PUBLIC;
 
 /*
@@ -841,14 +795,13 @@ REVOKE ALL ON FUNCTION obx._analyze_events() FROM PUBLIC;
 GRANT USAGE ON SCHEMA obx TO obx_worker;
 /* The relay: claim, record, renew, release, hold, rotate, analyze. */
 GRANT SELECT, INSERT ON obx.claims, obx.records, obx.renewals TO obx_worker;
-GRANT SELECT ON obx.events, obx.generations TO obx_worker;
+GRANT SELECT ON obx.events TO obx_worker;
 GRANT SELECT, INSERT, UPDATE ON obx.event_states TO obx_worker;
 GRANT USAGE ON SEQUENCE obx.lease_seq TO obx_worker;
-GRANT EXECUTE ON FUNCTION obx._published_ids(bigint, bigint, bigint, bigint),
-	obx._slots(bigint, bigint), obx._unpublished(bigint, pg_snapshot, bigint),
-	obx._unpublished_from(bigint, bigint, bigint, bigint),
-	obx._unpublished_late(bigint, pg_snapshot, bigint, bigint, bigint), obx._tick(),
-	obx._live_leases(bigint, bigint, bigint, bigint), obx._hold(uuid[]), obx._rotate(float8),
+GRANT EXECUTE ON FUNCTION obx._published_ids(bigint, bigint),
+	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
+	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),
+	obx._live_leases(bigint, bigint), obx._hold(uuid[]), obx._rotate(float8),
 	obx._analyze_events() TO obx_worker;
 /* The consumer: subscriptions, marks, offsets, dead letters, their purge. */
 GRANT SELECT ON obx.subscriptions TO obx_worker;

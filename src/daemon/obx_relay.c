@@ -734,8 +734,8 @@ typedef struct Statement
 static const Statement statements[] = {
 	{"obx_lease_id", OBX_SQL_LEASE_ID, 0, {0}},
 	{"obx_tick", OBX_SQL_TICK, 0, {0}},
-	{"obx_claim", OBX_SQL_CLAIM, 7, {BOOLOID, INT4OID, INT8OID, PGSNAPSHOTOID, INT8OID, INT8OID, INT8OID}},
-	{"obx_floor", OBX_SQL_FLOOR, 6, {INT8OID, PGSNAPSHOTOID, INT8OID, INT8OID, INT8OID, INT8OID}},
+	{"obx_claim", OBX_SQL_CLAIM, 5, {BOOLOID, INT4OID, INT8OID, PGSNAPSHOTOID, INT8OID}},
+	{"obx_floor", OBX_SQL_FLOOR, 4, {INT8OID, PGSNAPSHOTOID, INT8OID, INT8OID}},
 	{"obx_lease", OBX_SQL_LEASE, 9, {INT8OID, INT4OID, FLOAT8OID, PGSNAPSHOTOID, INT8OID, INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID}},
 	{"obx_record", OBX_SQL_RECORD, 6, {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TSTZARRAYOID, INT8OID, INT8OID}},
 	{"obx_held_published", OBX_SQL_HELD_PUBLISHED, 2, {UUIDARRAYOID, TSTZARRAYOID}},
@@ -1086,8 +1086,6 @@ claim(Database *db, Batch *batch)
 	char floor[32];
 	char *snap = NULL;
 	char tick[32];
-	char gen_lo[32];
-	char gen_hi[32];
 	char batch_size[16];
 	char lease_s[16];
 	char max_seq[32];
@@ -1112,25 +1110,17 @@ claim(Database *db, Batch *batch)
 	snprintf(floor, sizeof(floor), "%s", PQgetvalue(res, 0, 0));
 	snap = xstrdup(PQgetvalue(res, 0, 1));
 	snprintf(tick, sizeof(tick), "%s", PQgetvalue(res, 0, 2));
-	/* The generations the claim reads: the oldest not done to its lease's. */
-	{
-		long long hi = atoll(lease_id) >> 40;
-		long long lo = PQgetisnull(res, 0, 3) ? hi : atoll(PQgetvalue(res, 0, 3));
-
-		snprintf(gen_lo, sizeof(gen_lo), "%lld", lo < hi ? lo : hi);
-		snprintf(gen_hi, sizeof(gen_hi), "%lld", hi);
-	}
 	PQclear(res);
 	snprintf(batch_size, sizeof(batch_size), "%d", config.batch_size);
 	{
-		const char *params[7] = {config.quarantine_blocks_key ? "t" : "f", batch_size, floor,
-								 snap, tick, gen_lo, gen_hi};
+		const char *params[5] = {config.quarantine_blocks_key ? "t" : "f", batch_size, floor,
+								 snap, tick};
 
 		if ((rows = run(db, "obx_claim", params, 1)) == NULL)
 			goto done;
 	}
 	{
-		const char *params[6] = {floor, snap, tick, FLOOR_NONE, gen_lo, gen_hi};
+		const char *params[4] = {floor, snap, tick, FLOOR_NONE};
 
 		if ((res = run(db, "obx_floor", params, 0)) == NULL)
 			goto done;
@@ -1620,7 +1610,6 @@ static const char *const grant_checks[][2] = {
 	{"SELECT, INSERT on obx.records", "has_table_privilege('obx.records', 'SELECT, INSERT')"},
 	{"SELECT, INSERT on obx.renewals", "has_table_privilege('obx.renewals', 'SELECT, INSERT')"},
 	{"SELECT on obx.events", "has_table_privilege('obx.events', 'SELECT')"},
-	{"SELECT on obx.generations", "has_table_privilege('obx.generations', 'SELECT')"},
 	{"SELECT, INSERT, UPDATE on obx.event_states", "has_table_privilege('obx.event_states', 'SELECT, INSERT, UPDATE')"},
 	{"USAGE on obx.lease_seq", "has_sequence_privilege('obx.lease_seq', 'USAGE')"},
 	{"EXECUTE on obx._tick()", "has_function_privilege('obx._tick()', 'EXECUTE')"},

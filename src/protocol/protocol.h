@@ -27,22 +27,12 @@
 /* The claim lock is taken first (obx_claim_lock), then the lease id is drawn. */
 #define OBX_SQL_LEASE_ID "SELECT pg_catalog.nextval('obx.lease_seq')"
 
-/*
- * The tick the claim starts from: the latest claim's floor, snapshot, id;
- * and the oldest generation not done (NULL for none), the first whose
- * partitions the claim reads (obx._slots).
- */
-#define OBX_SQL_TICK                                                     \
-	"SELECT t.floor, t.snap, t.tick,"                                    \
-	"       (SELECT pg_catalog.min(g.generation) FROM obx.generations g" \
-	"         WHERE g.done_at IS NULL)"                                  \
-	"  FROM obx._tick() t"
+/* The tick the claim starts from: the latest claim's floor, snapshot, id. */
+#define OBX_SQL_TICK "SELECT t.floor, t.snap, t.tick FROM obx._tick() t"
 
 /*
  * The claimable events in seq order ($1: obx.quarantine_blocks_key, $2:
- * obx.batch_size, $3-$5: the tick, $6-$7: the generations whose partitions
- * are read, the tick's oldest not done to the claim's lease's), each with
- * its payload as stored and
+ * obx.batch_size, $3-$5: the tick), each with its payload as stored and
  * its inserting transaction (NULL for an event claimed from
  * obx.event_states: it failed, or was published, before).  Each part is
  * read in seq order up to the batch size, but for the late committers:
@@ -53,7 +43,7 @@
 #define OBX_SQL_CLAIM                                                                       \
 	"WITH blocked AS MATERIALIZED ("                                                        \
 	"  SELECT k.topic, k.event_key"                                                         \
-	"    FROM obx._live_leases($3, $5, $6, $7) l,"                                          \
+	"    FROM obx._live_leases($3, $5) l,"                                                  \
 	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"           \
 	"           AS k(topic, event_key)"                                                     \
 	"  UNION"                                                                               \
@@ -71,13 +61,13 @@
 	"       c.xid, c.occurred_at"                                                           \
 	"  FROM ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"           \
 	"                0 AS attempts, u.headers, u.xid, u.occurred_at"                        \
-	"           FROM obx._unpublished_from($3, $5, $6, $7) u"                               \
+	"           FROM obx._unpublished_from($3, $5) u"                                       \
 	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)"  \
 	"          ORDER BY u.seq LIMIT $2)"                                                    \
 	"        UNION ALL"                                                                     \
 	"        (SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"           \
 	"                0, u.headers, u.xid, u.occurred_at"                                    \
-	"           FROM obx._unpublished_late($3, $4, $5, $6, $7) u"                           \
+	"           FROM obx._unpublished_late($3, $4, $5) u"                                   \
 	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked))" \
 	"        UNION ALL"                                                                     \
 	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"           \
@@ -94,14 +84,13 @@
 /*
  * The new tick, under the claim's snapshot: the lowest unpublished seq
  * (the events just claimed included: they are not published yet), and
- * the snapshot itself ($4: the floor when nothing is unpublished; $5-$6:
- * the claim's generations).
+ * the snapshot itself.
  */
-#define OBX_SQL_FLOOR                                                                                             \
-	"SELECT coalesce(least((SELECT u.seq FROM obx._unpublished_from($1, $3, $5, $6) u"                            \
-	"                        ORDER BY u.seq LIMIT 1),"                                                            \
-	"                      (SELECT pg_catalog.min(u.seq + 0) FROM obx._unpublished_late($1, $2, $3, $5, $6) u))," \
-	"                $4),"                                                                                        \
+#define OBX_SQL_FLOOR                                                                                     \
+	"SELECT coalesce(least((SELECT u.seq FROM obx._unpublished_from($1, $3) u"                            \
+	"                        ORDER BY u.seq LIMIT 1),"                                                    \
+	"                      (SELECT pg_catalog.min(u.seq + 0) FROM obx._unpublished_late($1, $2, $3) u))," \
+	"                $4),"                                                                                \
 	"       pg_catalog.pg_current_snapshot()"
 
 /* The claim's row: its lease (none for a tick alone) and its tick. */

@@ -73,18 +73,12 @@ static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr floor_plan = NULL;
 static SPIPlanPtr lease_plan = NULL;
 
-/*
- * The tick a claim starts from, and the one it leaves; and the
- * generations whose partitions the claim reads (obx._slots), from the
- * oldest not done to its own lease's.
- */
+/* The tick a claim starts from, and the one it leaves. */
 typedef struct ClaimTick
 {
 	Datum floor;
 	Datum snap; /* pg_snapshot, in the step's memory */
 	Datum tick;
-	Datum gen_lo;
-	Datum gen_hi;
 } ClaimTick;
 
 /*
@@ -118,8 +112,8 @@ static volatile sig_atomic_t sync_wait_interrupted = false;
 static void
 claim_prepare_plans(void)
 {
-	Oid claim_types[7] = {BOOLOID, INT4OID, INT8OID, PG_SNAPSHOTOID, INT8OID, INT8OID, INT8OID};
-	Oid floor_types[6] = {INT8OID, PG_SNAPSHOTOID, INT8OID, INT8OID, INT8OID, INT8OID};
+	Oid claim_types[5] = {BOOLOID, INT4OID, INT8OID, PG_SNAPSHOTOID, INT8OID};
+	Oid floor_types[4] = {INT8OID, PG_SNAPSHOTOID, INT8OID, INT8OID};
 	Oid lease_types[9] = {INT8OID, INT4OID, FLOAT8OID, PG_SNAPSHOTOID, INT8OID,
 						  INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID};
 
@@ -127,8 +121,8 @@ claim_prepare_plans(void)
 		return;
 	lease_id_plan = obx_prepare_kept_generic(OBX_SQL_LEASE_ID, 0, NULL);
 	tick_plan = obx_prepare_kept_generic(OBX_SQL_TICK, 0, NULL);
-	claim_plan = obx_prepare_kept_generic(OBX_SQL_CLAIM, 7, claim_types);
-	floor_plan = obx_prepare_kept_generic(OBX_SQL_FLOOR, 6, floor_types);
+	claim_plan = obx_prepare_kept_generic(OBX_SQL_CLAIM, 5, claim_types);
+	floor_plan = obx_prepare_kept_generic(OBX_SQL_FLOOR, 4, floor_types);
 	lease_plan = obx_prepare_kept_generic(OBX_SQL_LEASE, 9, lease_types);
 }
 
@@ -348,18 +342,13 @@ claim_start(void)
 									   SPI_tuptable->tupdesc, 1, &isnull));
 }
 
-/*
- * Read the tick the claim of lease lease_id starts from into tick (copied
- * into the step's memory).
- */
+/* Read the tick the claim starts from into tick (copied into the step's memory). */
 static void
-read_tick(ClaimTick *tick, int64 lease_id)
+read_tick(ClaimTick *tick)
 {
 	HeapTuple tup;
 	TupleDesc desc;
 	bool isnull;
-	int64 gen_hi = lease_id >> 40;
-	int64 gen_lo;
 	int rc;
 
 	rc = SPI_execute_plan(tick_plan, NULL, NULL, true, 1);
@@ -370,9 +359,6 @@ read_tick(ClaimTick *tick, int64 lease_id)
 	tick->floor = SPI_getbinval(tup, desc, 1, &isnull);
 	tick->snap = datumCopy(SPI_getbinval(tup, desc, 2, &isnull), false, -1);
 	tick->tick = SPI_getbinval(tup, desc, 3, &isnull);
-	gen_lo = DatumGetInt64(SPI_getbinval(tup, desc, 4, &isnull));
-	tick->gen_lo = Int64GetDatum(isnull ? gen_hi : Min(gen_lo, gen_hi));
-	tick->gen_hi = Int64GetDatum(gen_hi);
 }
 
 /*
@@ -385,8 +371,8 @@ read_tick(ClaimTick *tick, int64 lease_id)
 static uint64
 claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 {
-	Datum args[7];
-	Datum floor_args[6];
+	Datum args[5];
+	Datum floor_args[4];
 	uint64 changes;
 	Snapshot snapshot;
 	SPITupleTable *claimed;
@@ -399,8 +385,6 @@ claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 	args[2] = from->floor;
 	args[3] = from->snap;
 	args[4] = from->tick;
-	args[5] = from->gen_lo;
-	args[6] = from->gen_hi;
 	wal->flush_upto = InvalidXLogRecPtr;
 	wal->last_xmin = InvalidTransactionId;
 
@@ -419,8 +403,6 @@ claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 	floor_args[1] = from->snap;
 	floor_args[2] = from->tick;
 	floor_args[3] = Int64GetDatum(OBX_FLOOR_NONE);
-	floor_args[4] = from->gen_lo;
-	floor_args[5] = from->gen_hi;
 	rc = SPI_execute_snapshot(floor_plan, floor_args, NULL, snapshot, InvalidSnapshot,
 							  true, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
@@ -585,7 +567,7 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 		return false;
 	}
 
-	read_tick(&from, lease_id);
+	read_tick(&from);
 	changes = claim_select(&from, &next, &wal);
 	take_batch(batch, lease_id, caller, &lease, &wal);
 	/* A claim that took nothing leaves a tick only when its floor moved. */
