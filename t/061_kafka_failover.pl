@@ -40,23 +40,7 @@ my $node = obx_node('kafka_failover', $kafka,
 	'obx.batch_size' => 100);
 relay_ready($node, 2);
 
-# The load: one event per transaction on $nkeys keys, a few ms apart, until
-# load_ctl.stop is set or max_n events are committed.
-$node->safe_psql('postgres', q{
-	CREATE TABLE load_ctl (stop boolean NOT NULL);
-	INSERT INTO load_ctl VALUES (false);
-	CREATE PROCEDURE enqueue_load(topic text, max_n int, nkeys int)
-	LANGUAGE plpgsql AS $$
-	DECLARE
-		i int := 0;
-	BEGIN
-		WHILE i < max_n AND NOT (SELECT stop FROM load_ctl) LOOP
-			i := i + 1;
-			PERFORM obx.enqueue(topic, 'ord_' || (i % nkeys), jsonb_build_object('n', i));
-			COMMIT;
-			PERFORM pg_sleep(0.003);    -- the load's pace (about 300 events/s), not a wait
-		END LOOP;
-	END $$;});
+create_enqueue_load($node);
 
 # start_load($topic): the load in a psql of its own; returns its handle.
 sub start_load

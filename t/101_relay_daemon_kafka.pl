@@ -68,23 +68,7 @@ wait_until(sub { topic_writable($kafka, $topic, $parts, 3) },
 	"every partition of $topic led and in sync");
 my $relay = start_relay($config);
 
-# The load: one event per transaction on $nkeys keys, a few ms apart, until
-# load_ctl.stop is set.
-$node->safe_psql('postgres', q{
-	CREATE TABLE load_ctl (stop boolean NOT NULL);
-	INSERT INTO load_ctl VALUES (false);
-	CREATE PROCEDURE enqueue_load(topic text, max_n int, nkeys int)
-	LANGUAGE plpgsql AS $$
-	DECLARE
-		i int := 0;
-	BEGIN
-		WHILE i < max_n AND NOT (SELECT stop FROM load_ctl) LOOP
-			i := i + 1;
-			PERFORM obx.enqueue(topic, 'ord_' || (i % nkeys), jsonb_build_object('n', i));
-			COMMIT;
-			PERFORM pg_sleep(0.003);    -- the load's pace (about 300 events/s), not a wait
-		END LOOP;
-	END $$;});
+create_enqueue_load($node);
 my $load_err = '';
 my $load = IPC::Run::start(
 	[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres'),

@@ -10,7 +10,7 @@ use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-our @EXPORT = qw(copies_agree topic_writable in_list);
+our @EXPORT = qw(copies_agree topic_writable in_list create_enqueue_load);
 
 # copies_agree($msgs, $what): every message at the broker carries an
 # event_id header, and every copy of one event id has the same key and
@@ -56,6 +56,30 @@ sub topic_writable
 		$ok++ if $1 > 0 && @in_sync >= $isr;
 	}
 	return $ok == $parts;
+}
+
+# create_enqueue_load($node): the load of the failover tests, in database
+# postgres: CALL enqueue_load(topic, max_n, nkeys) commits one event per
+# transaction on nkeys keys, a few ms apart, until load_ctl.stop is set or
+# max_n events are committed.
+sub create_enqueue_load
+{
+	my ($node) = @_;
+	$node->safe_psql('postgres', q{
+	CREATE TABLE load_ctl (stop boolean NOT NULL);
+	INSERT INTO load_ctl VALUES (false);
+	CREATE PROCEDURE enqueue_load(topic text, max_n int, nkeys int)
+	LANGUAGE plpgsql AS $$
+	DECLARE
+		i int := 0;
+	BEGIN
+		WHILE i < max_n AND NOT (SELECT stop FROM load_ctl) LOOP
+			i := i + 1;
+			PERFORM obx.enqueue(topic, 'ord_' || (i % nkeys), jsonb_build_object('n', i));
+			COMMIT;
+			PERFORM pg_sleep(0.003);    -- the load's pace (about 300 events/s), not a wait
+		END LOOP;
+	END $$;});
 }
 
 # in_list(@ids): the ids as an SQL list of literals.
