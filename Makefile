@@ -9,11 +9,12 @@
 
 MODULE_big = obx
 OBJS = src/base/obx.o src/base/compat.o src/base/worker.o src/base/launcher.o src/base/status.o \
-	src/base/log_repeat.o src/base/drop_guard.o src/base/kafka_conf.o src/base/housekeeping.o \
-	src/api/enqueue.o src/api/enqueue_many.o src/api/consumer_sql.o src/api/trace.o src/relay/relay.o \
-	src/relay/claim.o src/relay/outbox.o src/relay/turns.o src/relay/kafka.o src/relay/cloudevents.o \
-	src/relay/latency.o src/consumer/consumer.o src/consumer/consumer_group.o src/consumer/held.o \
-	src/consumer/inbox.o src/consumer/inbox_group.o src/consumer/progress.o src/consumer/inbound.o \
+	src/base/latency.o src/base/log_repeat.o src/base/drop_guard.o src/base/kafka_conf.o \
+	src/base/housekeeping.o src/base/call_inner.o src/api/enqueue.o src/api/enqueue_many.o \
+	src/api/consumer_sql.o src/api/trace.o src/relay/relay.o src/relay/claim.o src/relay/outbox.o \
+	src/relay/turns.o src/relay/kafka.o src/relay/cloudevents.o src/consumer/consumer.o \
+	src/consumer/consumer_group.o src/consumer/held.o src/consumer/inbox.o \
+	src/consumer/inbox_group.o src/consumer/progress.o src/consumer/inbound.o \
 	src/consumer/handler.o src/consumer/land.o src/protocol/kafka_errors.o
 EXTENSION = obx
 DATA = obx--1.0.sql obx--1.0--1.1.sql

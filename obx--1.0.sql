@@ -464,7 +464,7 @@ LANGUAGE C VOLATILE;
  * Publish latency per topic, from enqueue (occurred_at) to the broker's
  * acknowledgement (published_at), counted in shared memory by the relay
  * as it records deliveries: Prometheus-style cumulative buckets.  See
- * src/relay/latency.c.
+ * src/base/latency.c.
  */
 CREATE FUNCTION obx.publish_latency_buckets(
 	OUT topic text,
@@ -1017,7 +1017,7 @@ SELECT e.id, e.topic, e.event_key, e.event_type, e.attempts,
 
 CREATE VIEW obx.workers AS SELECT * FROM obx.worker_status();
 
-/* Cumulative histogram per topic since the server started (src/relay/latency.c). */
+/* Cumulative histogram per topic since the server started (src/base/latency.c). */
 CREATE VIEW obx.publish_latency AS SELECT * FROM obx.publish_latency_buckets();
 
 /*

@@ -12,10 +12,11 @@
  * SECURITY DEFINER functions, but a SECURITY DEFINER function sees its
  * owner as current_user, not its caller.  So each of these is a plain C
  * function, running as its caller: it calls the SECURITY DEFINER function
- * obx._<name> with the caller's role as first argument, through fmgr, so
- * that no EXECUTE privilege on obx._<name> is needed (and none is
- * granted: nobody can call it with another role).  pg_cron's
- * cron.schedule records its caller in the same spirit.
+ * obx._<name> with the caller's role as first argument, through fmgr
+ * (obx_call_inner, call_inner.c), so that no EXECUTE privilege on
+ * obx._<name> is needed (and none is granted: nobody can call it with
+ * another role).  pg_cron's cron.schedule records its caller in the same
+ * spirit.
  *
  *-------------------------------------------------------------------------
  */
@@ -24,11 +25,9 @@
 #include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "miscadmin.h"
-#include "nodes/makefuncs.h"
-#include "nodes/value.h"
-#include "parser/parse_func.h"
 
 #include "obx.h"
+#include "call_inner.h"
 
 PG_FUNCTION_INFO_V1(obx_subscribe);
 PG_FUNCTION_INFO_V1(obx_unsubscribe);
@@ -38,109 +37,58 @@ PG_FUNCTION_INFO_V1(obx_start_landed);
 PG_FUNCTION_INFO_V1(obx_complete_landed);
 PG_FUNCTION_INFO_V1(obx_fail_landed);
 
-#define OBX_MAX_INNER_ARGS 8
-
-/*
- * Call obx.<inner>(caller oid, <the caller's own arguments>) and return
- * its result.  The inner function is looked up by schema-qualified name
- * and argument type oids (nothing depends on search_path) once per call
- * site, and kept in fn_extra.
- */
+/* Call obx.<inner>(the caller's role, the caller's own arguments). */
 static Datum
-call_with_caller(FunctionCallInfo fcinfo, const char *inner, int nargs,
-				 const Oid *argtypes)
+call_with_caller(FunctionCallInfo fcinfo, const char *inner)
 {
-	FmgrInfo *target = (FmgrInfo *) fcinfo->flinfo->fn_extra;
-	LOCAL_FCINFO(call, OBX_MAX_INNER_ARGS);
-	Datum result;
-	int i;
-
-	Assert(nargs + 1 <= OBX_MAX_INNER_ARGS && nargs == PG_NARGS());
-	if (target == NULL)
-	{
-		Oid types[OBX_MAX_INNER_ARGS];
-		List *name = list_make2(makeString(pstrdup("obx")),
-								makeString(pstrdup(inner)));
-		Oid fn;
-
-		types[0] = OIDOID;
-		memcpy(&types[1], argtypes, sizeof(Oid) * nargs);
-		fn = LookupFuncName(name, nargs + 1, types, false);
-		target = MemoryContextAllocZero(fcinfo->flinfo->fn_mcxt, sizeof(FmgrInfo));
-		fmgr_info_cxt(fn, target, fcinfo->flinfo->fn_mcxt);
-		fcinfo->flinfo->fn_extra = target;
-	}
-
-	InitFunctionCallInfoData(*call, target, nargs + 1, fcinfo->fncollation,
-							 NULL, NULL);
-	call->args[0].value = ObjectIdGetDatum(GetUserId());
-	call->args[0].isnull = false;
-	for (i = 0; i < nargs; i++)
-		call->args[i + 1] = fcinfo->args[i];
-	result = FunctionCallInvoke(call);
-	fcinfo->isnull = call->isnull;
-	return result;
+	return obx_call_inner(fcinfo, inner, OIDOID, ObjectIdGetDatum(GetUserId()));
 }
 
 /* obx.subscribe(consumer_name, topics, handler, options) */
 Datum
 obx_subscribe(PG_FUNCTION_ARGS)
 {
-	Oid types[] = {TEXTOID, TEXTARRAYOID, REGPROCEDUREOID, JSONBOID};
-
-	return call_with_caller(fcinfo, "_subscribe", lengthof(types), types);
+	return call_with_caller(fcinfo, "_subscribe");
 }
 
 /* obx.unsubscribe(consumer_name) */
 Datum
 obx_unsubscribe(PG_FUNCTION_ARGS)
 {
-	Oid types[] = {TEXTOID};
-
-	return call_with_caller(fcinfo, "_unsubscribe", lengthof(types), types);
+	return call_with_caller(fcinfo, "_unsubscribe");
 }
 
 /* obx.mark_processed(consumer_name, event_id) */
 Datum
 obx_mark_processed(PG_FUNCTION_ARGS)
 {
-	Oid types[] = {TEXTOID, TEXTOID};
-
-	return call_with_caller(fcinfo, "_mark_processed", lengthof(types), types);
+	return call_with_caller(fcinfo, "_mark_processed");
 }
 
 /* obx.claim_landed(consumer_name) */
 Datum
 obx_claim_landed(PG_FUNCTION_ARGS)
 {
-	Oid types[] = {TEXTOID};
-
-	return call_with_caller(fcinfo, "_claim_landed", lengthof(types), types);
+	return call_with_caller(fcinfo, "_claim_landed");
 }
 
 /* obx.start_landed(consumer_name, landed_id) */
 Datum
 obx_start_landed(PG_FUNCTION_ARGS)
 {
-	Oid types[] = {TEXTOID, INT8OID};
-
-	return call_with_caller(fcinfo, "_start_landed", lengthof(types), types);
+	return call_with_caller(fcinfo, "_start_landed");
 }
 
 /* obx.complete_landed(consumer_name, landed_id) */
 Datum
 obx_complete_landed(PG_FUNCTION_ARGS)
 {
-	Oid types[] = {TEXTOID, INT8OID};
-
-	return call_with_caller(fcinfo, "_complete_landed", lengthof(types), types);
+	return call_with_caller(fcinfo, "_complete_landed");
 }
 
 /* obx.fail_landed(consumer_name, landed_id, error, max_attempts, retry_after) */
 Datum
 obx_fail_landed(PG_FUNCTION_ARGS)
 {
-	Oid types[] = {TEXTOID, INT8OID, TEXTOID, INT4OID, INTERVALOID};
-
-	return call_with_caller(fcinfo, "_fail_landed", lengthof(types), types);
+	return call_with_caller(fcinfo, "_fail_landed");
 }

@@ -25,7 +25,7 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
-#include "turns.h"
+#include "launcher.h"
 #include "worker.h"
 #include "housekeeping.h"
 #include "protocol.h"
@@ -162,7 +162,7 @@ obx_housekeeping(ObxWorker *w)
 	if (!w->purges || GetCurrentTimestamp() < w->next_purge)
 		return;
 	/* a consumer purges only where no relay does */
-	if (w->kind == OBX_WORKER_CONSUMER && obx_turns_find(MyDatabaseId) >= 0)
+	if (w->kind == OBX_WORKER_CONSUMER && obx_relay_dbslot(MyDatabaseId) >= 0)
 	{
 		w->next_purge = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 													OBX_PURGE_INTERVAL_MS);

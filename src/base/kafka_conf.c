@@ -49,7 +49,7 @@
 #include "obx.h"
 #include "compat.h"
 #include "kafka_conf.h"
-#include "outbox.h"
+#include "protocol.h"
 
 PG_FUNCTION_INFO_V1(obx_subscription_kafka_properties);
 

@@ -49,7 +49,6 @@
 #include "obx.h"
 #include "log_repeat.h"
 #include "launcher.h"
-#include "turns.h"
 
 #define OBX_RESTART_MS 1000
 
@@ -143,6 +142,46 @@ obx_database_capacity(bool relay)
 	int per_db = relay ? obx_workers : obx_consumer_workers;
 
 	return per_db <= 0 ? 0 : OBX_MAX_WORKERS / per_db;
+}
+
+/*
+ * obx_relay_dbslot
+ *		The database slot of the relay serving database dboid, or -1 when
+ *		no relay serves it.  Any process may ask: it reads shared memory
+ *		only.
+ */
+int
+obx_relay_dbslot(Oid dboid)
+{
+	int i;
+
+	if (obx_shared == NULL || !OidIsValid(dboid))
+		return -1;
+	for (i = 0; i < OBX_MAX_WORKERS; i++)
+		if (obx_shared->dbs[i].dboid == dboid)
+			return i;
+	return -1;
+}
+
+/*
+ * Give database slot dbslot to database dboid, served by nworkers relay
+ * workers, or free it (dboid InvalidOid).  Its claim turns start afresh,
+ * as at start-up: claimed_changes unequal to changes, so that the first
+ * claim is not skipped (turns.c).
+ */
+static void
+relay_db_set(int dbslot, Oid dboid, int nworkers)
+{
+	ObxDbTurns *db = &obx_shared->dbs[dbslot];
+
+	db->dboid = InvalidOid;
+	pg_write_barrier();
+	db->nworkers = nworkers;
+	pg_atomic_write_u64(&db->changes, 0);
+	pg_atomic_write_u64(&db->claimed_changes, PG_UINT64_MAX);
+	pg_atomic_write_u64(&db->last_claim_at, 0);
+	pg_write_barrier();
+	db->dboid = dboid;
 }
 
 /* Write what obx.workers shows for relay slot i before a worker runs it. */
@@ -312,7 +351,7 @@ serve(Kind *kind, Served *db)
 		db->look_again_at = TimestampTzPlusMilliseconds(now, obx_poll_interval_ms);
 	}
 	if (kind->relay && obx_shared->dbs[i].dboid != db->dboid)
-		obx_turns_assign(i, db->dboid, kind->per_db);
+		relay_db_set(i, db->dboid, kind->per_db);
 	if (!OidIsValid(db->dboid))
 		return;
 	for (k = 0; k < kind->per_db; k++)
@@ -347,7 +386,7 @@ retire(Kind *kind, Served *db)
 					kind->name, db->name, kind->setting)));
 	if (kind->relay)
 	{
-		obx_turns_assign(db - kind->dbs, InvalidOid, 0);
+		relay_db_set(db - kind->dbs, InvalidOid, 0);
 		for (k = 0; k < kind->per_db; k++)
 			relay_slot_set((db - kind->dbs) * kind->per_db + k, "", NULL);
 	}

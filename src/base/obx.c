@@ -29,7 +29,6 @@
 #include "drop_guard.h"
 #include "latency.h"
 #include "launcher.h"
-#include "turns.h"
 #include "worker.h"
 
 PG_MODULE_MAGIC;
@@ -472,7 +471,18 @@ obx_shmem_startup(void)
 		memset(obx_shared, 0, sizeof(ObxShared));
 		for (i = 0; i < OBX_MAX_WORKERS; i++)
 			SpinLockInit(&obx_shared->workers[i].mutex);
-		obx_turns_shmem_init(obx_shared);
+		pg_atomic_init_u32(&obx_shared->async_committing, 0);
+		pg_atomic_init_u64(&obx_shared->async_commit_end, 0);
+		/* no database served yet, no claim (see launcher.c's relay_db_set) */
+		for (i = 0; i < OBX_MAX_WORKERS; i++)
+		{
+			ObxDbTurns *db = &obx_shared->dbs[i];
+
+			pg_atomic_init_u32(&db->next_wake, 0);
+			pg_atomic_init_u64(&db->changes, 0);
+			pg_atomic_init_u64(&db->claimed_changes, PG_UINT64_MAX);
+			pg_atomic_init_u64(&db->last_claim_at, 0);
+		}
 	}
 	obx_latency_shmem_init();
 	LWLockRelease(AddinShmemInitLock);

@@ -136,7 +136,8 @@ typedef struct ObxHandlerSlot
 /*
  * The claim-turn state of one database that relay workers serve (turns.c).
  * The launcher gives each served database one of these and the relay slots
- * dbslot * obx.workers .. + obx.workers - 1; dboid 0 means free.
+ * dbslot * obx.workers .. + obx.workers - 1; dboid 0 means free
+ * (launcher.c: relay_db_set, obx_relay_dbslot).
  */
 typedef struct ObxDbTurns
 {

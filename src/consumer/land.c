@@ -13,7 +13,8 @@
  * obx.land refuses: nobody can land a message for a consumer whose handler
  * is not running, so EXECUTE on it can be PUBLIC's.  The row itself is
  * written by obx._land (SECURITY DEFINER, granted to nobody), called
- * through fmgr as consumer_sql.c calls its inner functions.
+ * through fmgr as consumer_sql.c calls its inner functions
+ * (obx_call_inner, call_inner.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -21,13 +22,10 @@
 
 #include "catalog/pg_type.h"
 #include "fmgr.h"
-#include "nodes/makefuncs.h"
-#include "nodes/value.h"
-#include "parser/parse_func.h"
 #include "utils/builtins.h"
-#include "utils/lsyscache.h"
 
 #include "obx.h"
+#include "call_inner.h"
 #include "handler.h"
 
 PG_FUNCTION_INFO_V1(obx_land);
@@ -40,8 +38,6 @@ Datum
 obx_land(PG_FUNCTION_ARGS)
 {
 	const char *consumer = obx_handler_consumer();
-	FmgrInfo *target = (FmgrInfo *) fcinfo->flinfo->fn_extra;
-	LOCAL_FCINFO(call, 2);
 
 	if (consumer == NULL)
 		ereport(ERROR,
@@ -52,28 +48,5 @@ obx_land(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("obx.land needs an event")));
-	if (target == NULL)
-	{
-		/* obx._land(text, obx.inbound_event): the type of our argument. */
-		Oid *argtypes;
-		int nargs;
-		Oid types[2];
-		List *name = list_make2(makeString(pstrdup("obx")),
-								makeString(pstrdup("_land")));
-
-		(void) get_func_signature(fcinfo->flinfo->fn_oid, &argtypes, &nargs);
-		types[0] = TEXTOID;
-		types[1] = argtypes[0];
-		target = MemoryContextAllocZero(fcinfo->flinfo->fn_mcxt, sizeof(FmgrInfo));
-		fmgr_info_cxt(LookupFuncName(name, 2, types, false), target,
-					  fcinfo->flinfo->fn_mcxt);
-		fcinfo->flinfo->fn_extra = target;
-	}
-	/* Not FunctionCall2: a void SQL function returns NULL. */
-	InitFunctionCallInfoData(*call, target, 2, InvalidOid, NULL, NULL);
-	call->args[0].value = CStringGetTextDatum(consumer);
-	call->args[0].isnull = false;
-	call->args[1] = fcinfo->args[0];
-	(void) FunctionCallInvoke(call);
-	PG_RETURN_VOID();
+	return obx_call_inner(fcinfo, "_land", TEXTOID, CStringGetTextDatum(consumer));
 }

@@ -51,8 +51,6 @@
 
 #define MAX_DATABASES   16
 #define MAX_KAFKA_PROPS 64
-/* A claim stops taking rows once their payloads pass this (claim.c's cap). */
-#define BATCH_BYTES     (16 * 1024 * 1024)
 /* A floor past every seq (claim.c's OBX_FLOOR_NONE). */
 #define FLOOR_NONE      "9223372036854775807"
 /* Seconds from the Unix epoch to PostgreSQL's (2000-01-01). */
@@ -955,7 +953,7 @@ format_uuid(char *out, const unsigned char *u)
 
 /*
  * The claim's rows (binary) into the batch, in seq order, until their
- * payloads pass BATCH_BYTES.
+ * payloads pass OBX_BATCH_BYTES.
  */
 static void
 take_batch(Batch *batch, PGresult *rows)
@@ -967,7 +965,7 @@ take_batch(Batch *batch, PGresult *rows)
 	batch->rows = rows;
 	batch->events = xcalloc(nrows, sizeof(Event));
 	batch->max_seq = 0;
-	while (n < nrows && bytes < BATCH_BYTES)
+	while (n < nrows && bytes < OBX_BATCH_BYTES)
 	{
 		Event *ev = &batch->events[n];
 

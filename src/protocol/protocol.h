@@ -82,6 +82,14 @@
 	" LIMIT $2"
 
 /*
+ * A claim stops taking events once their payloads reach this many bytes
+ * (the event that crosses it included), whatever obx.batch_size says: a
+ * relay holds up to two batches, payloads included, and librdkafka a copy
+ * of them.
+ */
+#define OBX_BATCH_BYTES (16 * 1024 * 1024)
+
+/*
  * The new tick, under the claim's snapshot: the lowest unpublished seq
  * (the events just claimed included: they are not published yet), and
  * the snapshot itself.

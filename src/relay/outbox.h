@@ -22,14 +22,6 @@
 #include "kafka_errors.h"
 
 /*
- * A claim stops taking events once their payloads reach this many bytes
- * (the event that crosses it included), whatever obx.batch_size says: a
- * worker holds up to two batches, payloads included, and librdkafka a
- * copy of them.
- */
-#define OBX_BATCH_BYTES (16 * 1024 * 1024)
-
-/*
  * How a publish attempt ended for one event.
  */
 typedef enum ObxOutcome

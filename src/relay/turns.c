@@ -41,7 +41,8 @@
  * ends the turns: the next claim comes at once.
  *
  * Each served database has all of this but the asynchronous commits in a
- * state of its own (ObxDbTurns, found by MyDatabaseId): a commit in one
+ * state of its own (ObxDbTurns, the database slot the launcher gave it,
+ * found by MyDatabaseId with obx_relay_dbslot): a commit in one
  * database wakes a relay worker of that database and counts as a change
  * there only, and the turns of one database's workers do not space out
  * another's.  Asynchronous commits stay server-wide: a claim that waits for
@@ -57,70 +58,14 @@
 #include "utils/timestamp.h"
 
 #include "obx.h"
+#include "launcher.h"
 #include "turns.h"
-
-void
-obx_turns_shmem_init(ObxShared *shared)
-{
-	int i;
-
-	pg_atomic_init_u32(&shared->async_committing, 0);
-	pg_atomic_init_u64(&shared->async_commit_end, 0);
-	for (i = 0; i < OBX_MAX_WORKERS; i++)
-	{
-		shared->dbs[i].dboid = InvalidOid;
-		pg_atomic_init_u32(&shared->dbs[i].next_wake, 0);
-		pg_atomic_init_u64(&shared->dbs[i].changes, 0);
-		pg_atomic_init_u64(&shared->dbs[i].claimed_changes, PG_UINT64_MAX);
-		pg_atomic_init_u64(&shared->dbs[i].last_claim_at, 0);
-	}
-}
-
-/*
- * obx_turns_assign
- *		The launcher gives dbslot to database dboid, served by nworkers
- *		relay workers, or frees it (dboid InvalidOid).  The counters start
- *		afresh; claimed_changes unequal to changes, so that the first claim
- *		is not skipped.
- */
-void
-obx_turns_assign(int dbslot, Oid dboid, int nworkers)
-{
-	ObxDbTurns *db = &obx_shared->dbs[dbslot];
-
-	db->dboid = InvalidOid;
-	pg_write_barrier();
-	db->nworkers = nworkers;
-	pg_atomic_write_u64(&db->changes, 0);
-	pg_atomic_write_u64(&db->claimed_changes, PG_UINT64_MAX);
-	pg_atomic_write_u64(&db->last_claim_at, 0);
-	pg_write_barrier();
-	db->dboid = dboid;
-}
-
-/*
- * obx_turns_find
- *		The slot number of the turn state of database dboid, or -1 when no
- *		relay serves it.
- */
-int
-obx_turns_find(Oid dboid)
-{
-	int i;
-
-	if (obx_shared == NULL || !OidIsValid(dboid))
-		return -1;
-	for (i = 0; i < OBX_MAX_WORKERS; i++)
-		if (obx_shared->dbs[i].dboid == dboid)
-			return i;
-	return -1;
-}
 
 /* The turn state of the current database, or NULL. */
 static ObxDbTurns *
 my_turns(void)
 {
-	int i = obx_turns_find(MyDatabaseId);
+	int i = obx_relay_dbslot(MyDatabaseId);
 
 	return i < 0 ? NULL : &obx_shared->dbs[i];
 }
@@ -141,7 +86,7 @@ obx_wake_workers(void)
 	int n;
 	int start;
 	int i;
-	int dbslot = obx_turns_find(MyDatabaseId);
+	int dbslot = obx_relay_dbslot(MyDatabaseId);
 	ObxDbTurns *db;
 	Latch *fallback = NULL;
 

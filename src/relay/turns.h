@@ -14,14 +14,6 @@
 #include "access/xlogdefs.h"
 #include "datatype/timestamp.h"
 
-struct ObxShared;
-
-extern void obx_turns_shmem_init(struct ObxShared *shared);
-
-/* Which database a relay serves (launcher.c, status.c) */
-extern void obx_turns_assign(int dbslot, Oid dboid, int nworkers);
-extern int obx_turns_find(Oid dboid);
-
 /* Backends, at commit (enqueue.c) */
 extern void obx_wake_workers(void);
 extern void obx_async_commit_starting(void);

@@ -3,6 +3,8 @@
  * latency.h
  *	  Publish latency per topic (latency.c): a histogram in shared memory,
  *	  fed by the relay's record step, read by the obx.publish_latency view.
+ *	  Shared state the relay writes and a view reads, like the worker slots
+ *	  of status.c; obx.c sets it up with the rest of obx's shared memory.
  *
  *-------------------------------------------------------------------------
  */
