@@ -63,6 +63,8 @@ CREATE INDEX events_xid_idx ON obx.events (xid);
  * in snap with a lower seq is published or held in obx.event_states.  The
  * next claim starts from the latest tick (obx._unpublished).  A claim that
  * took nothing appends a tick only (ids NULL) when the floor moved.
+ * max_seq is the highest seq of the lease's events, or past every seq when
+ * it holds one from obx.event_states (OBX_SQL_LEASE in protocol.h says why).
  */
 CREATE TABLE obx.claims (
 	lease_id			bigint		NOT NULL,

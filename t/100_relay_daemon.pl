@@ -18,6 +18,7 @@
 #   again with the same ids, nothing is lost, per-key order holds;
 # - every broker down: the events wait (failed attempts are recorded as
 #   transient), and go out in order once the brokers are back;
+# - a replayed event in flight holds its key and is not claimed again;
 # - SIGHUP reloads the settings (a smaller batch_size takes effect);
 # - two daemons at once on one database: both claim, no event is sent
 #   twice, and the guarantees above hold (the claim lock and the leases are
@@ -177,6 +178,34 @@ ok($node->poll_query_until('postgres', q{
 mock_cmd($mock, 'up all');
 broker_holds_exactly($mock, $node, $topic, \@down, "topic = '$topic'");
 ok(all_published($node), 'once the brokers are back, everything is published');
+
+#
+# A replayed event in flight holds its key, though the claims' floor has
+# passed it (t/028_retry_in_flight.pl for the extension's relay): every
+# broker answers 1.5 s late; while the replay of A is out, B of its key
+# and C of another key commit.  C goes out beside the replay, B after it,
+# and A is not claimed a third time.
+#
+$topic = 'orders.replay.v1';
+my $ra = $node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'ord_1', '{}')");
+wait_for_broker($mock, $topic, sub { event_ids_at_broker(shift)->{$ra} }, 'A at the broker');
+mock_cmd($mock, 'rtt all 1500');
+$node->safe_psql('postgres', "SELECT obx.replay(ARRAY['$ra']::uuid[])");
+$node->poll_query_until('postgres', "SELECT count(*) = 2 FROM obx.claims WHERE '$ra' = ANY (ids)")
+  or die 'the replay of A was not claimed';
+my $rb = $node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'ord_1', '{}')");
+my $rc = $node->safe_psql('postgres', "SELECT obx.enqueue('$topic', 'ord_2', '{}')");
+$node->poll_query_until('postgres', "SELECT count(*) = 1 FROM obx.claims WHERE '$rc' = ANY (ids)")
+  or die 'C was not claimed';
+is($node->safe_psql('postgres', "SELECT count(*) FROM obx.records WHERE '$ra' = ANY (ids)"), '1',
+	'replay: C was claimed while the replay of A was in flight');
+ok(all_published($node), 'replay: everything is published');
+mock_cmd($mock, 'rtt all 0');
+$msgs = wait_for_broker($mock, $topic, sub { event_ids_at_broker(shift)->{$rb} }, 'B at the broker');
+is_deeply(copies_of_key($msgs, 'ord_1'), [ $ra, $ra, $rb ],
+	'replay: A, its replay, then B at the broker; no third copy of A');
+is($node->safe_psql('postgres', "SELECT count(*) FROM obx.claims WHERE '$ra' = ANY (ids)"), '2',
+	'replay: no claim took A a third time');
 
 #
 # Two daemons at once, in small batches: SIGHUP gives the first one its

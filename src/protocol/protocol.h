@@ -101,11 +101,21 @@
 	"                $4),"                                                                                \
 	"       pg_catalog.pg_current_snapshot()"
 
-/* The claim's row: its lease (none for a tick alone) and its tick. */
+/*
+ * The claim's row: its lease (none for a tick alone) and its tick.  Its
+ * max_seq bounds the leases a later claim reads (obx._live_leases: those
+ * at or above its floor), which must include every lease whose events are
+ * not done.  An event taken from obx.event_states (a retry or a replay) is
+ * done for the floor, which may pass it while it is in flight; a lease
+ * holding one gets max_seq past every seq, so that it holds its keys and
+ * its events until it is recorded or runs out.
+ */
 #define OBX_SQL_LEASE                                                                          \
 	"INSERT INTO obx.claims (lease_id, owner, until, snap, floor, max_seq, ids, topics, keys)" \
-	" VALUES ($1, $2, pg_catalog.now() + pg_catalog.make_interval(secs => $3),"                \
-	"         $4, $5, $6, $7, $8, $9)"
+	" VALUES ($1, $2, pg_catalog.now() + pg_catalog.make_interval(secs => $3), $4, $5,"        \
+	"         CASE WHEN EXISTS (SELECT FROM obx.event_states s WHERE s.id = ANY ($7))"         \
+	"              THEN 9223372036854775807 ELSE $6 END,"                                      \
+	"         $7, $8, $9)"
 
 #define OBX_SQL_CLAIM_LOCK "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)"
 

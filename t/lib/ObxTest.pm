@@ -19,7 +19,7 @@ use Test::More;
 use Time::HiRes qw(usleep time);
 
 our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster create_topic obx_node obx_node_at obx_primary relay_ready read_topic wait_for_broker
-  wait_until all_published event_ids_at_broker first_occurrences
+  wait_until all_published event_ids_at_broker first_occurrences copies_of_key
   enqueue_with_rollbacks
   committed_ids worker_pids relay_pids broker_holds_exactly);
 
@@ -339,6 +339,16 @@ sub first_occurrences
 		push @{ $order{ $m->{key} } }, $m->{event_id};
 	}
 	return \%order;
+}
+
+# copies_of_key($msgs, $key): the event ids of one key at the broker, every
+# copy, in the order the broker stored them (by partition offset).
+sub copies_of_key
+{
+	my ($msgs, $key) = @_;
+	return [ map { $_->{event_id} }
+		  sort { $a->{partition} <=> $b->{partition} || $a->{offset} <=> $b->{offset} }
+		  grep { $_->{key} eq $key } @$msgs ];
 }
 
 # committed_ids($node, $where): per key, the committed event ids in enqueue
