@@ -200,11 +200,11 @@ DROP TABLE obx.outbox_events;
  * floor, and those of every claim after the tick.
  *
  * PL/pgSQL, not an inlined SQL function, for the claim's sake: the claim
- * and the floor use this set six times between them, and inlined, each
+ * and the floor use this set four times between them, and inlined, each
  * use put a scan of every partition of obx.records into their plans, all
- * started (ExecutorStart) on every claim whether it ran or not.  At a
- * steady rate that start-up was a quarter of the relay's CPU
- * (docs/benchmarks.md).  Called, it starts only where it runs.
+ * started (ExecutorStart) on every claim whether it ran or not, which
+ * costs the relay most at a steady rate (docs/benchmarks.md).  Called, it
+ * starts only where it runs.
  */
 CREATE FUNCTION obx._published_ids(floor bigint, tick bigint)
 RETURNS SETOF uuid
@@ -248,9 +248,8 @@ AS $$
 	/*
 	 * seq + 0: the xid index, never the seq index below the floor (all
 	 * history).  One scan of each partition for both kinds of late
-	 * committer (a bitmap OR on the xid index): as a UNION ALL of the two,
-	 * the claim started twice as many scans, a fifth of its cost at a
-	 * steady rate (docs/benchmarks.md).
+	 * committer (a bitmap OR on the xid index): a UNION ALL of the two
+	 * started twice as many scans on every claim (docs/benchmarks.md).
 	 */
 	SELECT e.*
 	  FROM obx.events e

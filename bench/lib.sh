@@ -261,11 +261,11 @@ settle_relay()
 # already-published events of topic bench.seed in each (published over the
 # last SPREAD seconds, default 3600: in obx one record per 1,000 events, as
 # the relay records them, and a tick past them), analyze both, all in one
-# transaction, then write the dirty pages out.  A production outbox is never empty: it holds what
-# obx.retention keeps, and autovacuum has analyzed it.  Starting each run
-# from that state (rather than from an empty, never-analyzed table, which
-# the relay would plan its statements for; see docs/benchmarks.md) keeps
-# the runs comparable and realistic.
+# transaction, then write the dirty pages out.  A production outbox is
+# never empty: it holds what obx.retention keeps, and autovacuum has
+# analyzed it.  Starting each run from that state (rather than from an
+# empty, never-analyzed table, which the relay would plan its statements
+# for) keeps the runs comparable and realistic.
 reset_outbox()
 {
 	local n=${1:-${BENCH_SEED_ROWS:-50000}} spread=${2:-3600} try
