@@ -80,25 +80,6 @@ static Kind kinds[2] = {
 	{false, "obx consumer", "obx_consumer_main", "obx.consumer_databases"},
 };
 
-/*
- * obx_check_database_list
- *		GUC check hook of obx.databases and obx.consumer_databases: a
- *		comma-separated list of database names.
- */
-bool
-obx_check_database_list(char **newval, void **extra, GucSource source)
-{
-	char *raw = pstrdup(*newval);
-	List *names;
-
-	if (!SplitGUCList(raw, ',', &names))
-	{
-		GUC_check_errdetail("List syntax is invalid.");
-		return false;
-	}
-	return true;
-}
-
 /* Split setting into a list of names (empty list for ""). */
 static List *
 split_list(const char *setting)

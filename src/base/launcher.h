@@ -14,7 +14,6 @@
 
 extern PGDLLEXPORT void obx_launcher_main(Datum main_arg);
 
-extern bool obx_check_database_list(char **newval, void **extra, GucSource source);
 extern List *obx_database_list(bool relay);
 extern int obx_database_capacity(bool relay);
 extern int obx_relay_dbslot(Oid dboid);

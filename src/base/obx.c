@@ -3,7 +3,7 @@
  * obx.c
  *	  Module entry: the obx.* GUCs, the shared memory that lets a committing
  *	  backend wake the relay workers (see turns.c), and the registration of
- *	  the workers (see worker.c).
+ *	  the launcher, which starts the workers (see launcher.c).
  *
  * The relay runs only when obx is in shared_preload_libraries.  Loaded
  * any other way (a backend calling obx.enqueue in a server without the
@@ -23,13 +23,12 @@
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/guc.h"
+#include "utils/varlena.h"
 
 #include "obx.h"
 #include "compat.h"
 #include "drop_guard.h"
 #include "latency.h"
-#include "launcher.h"
-#include "worker.h"
 
 PG_MODULE_MAGIC;
 
@@ -74,6 +73,7 @@ void _PG_init(void);
 static void obx_shmem_request(void);
 static void obx_shmem_startup(void);
 static void define_gucs(void);
+static void obx_worker_register(void);
 
 void
 _PG_init(void)
@@ -89,6 +89,38 @@ _PG_init(void)
 	shmem_startup_hook = obx_shmem_startup;
 
 	obx_worker_register();
+}
+
+/*
+ * obx_worker_register
+ *		Register the launcher (launcher.c), which starts obx.workers relay
+ *		and obx.consumer_workers consumer workers per database; called while
+ *		the shared_preload_libraries are loaded.  Restarted 1 s after it
+ *		exits with status 1.  Not in a binary upgrade (pg_upgrade).
+ */
+static void
+obx_worker_register(void)
+{
+	BackgroundWorker worker;
+
+	if (obx_workers == 0 && obx_consumer_workers == 0)
+		return;
+
+	/*
+	 * pg_upgrade starts both servers in binary-upgrade mode while it moves
+	 * the catalogs: no worker may publish, consume or purge then.
+	 */
+	if (IsBinaryUpgrade)
+		return;
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_ConsistentState;
+	worker.bgw_restart_time = 1;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "obx_launcher_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "obx launcher");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "obx launcher");
+	RegisterBackgroundWorker(&worker);
 }
 
 /* What the Kafka clients are built from, and what goes on the wire. */
@@ -165,6 +197,25 @@ define_kafka_gucs(void)
 							   NULL, NULL, NULL);
 }
 
+/*
+ * check_database_list
+ *		GUC check hook of obx.databases and obx.consumer_databases: a
+ *		comma-separated list of database names.
+ */
+static bool
+check_database_list(char **newval, void **extra, GucSource source)
+{
+	char *raw = pstrdup(*newval);
+	List *names;
+
+	if (!SplitGUCList(raw, ',', &names))
+	{
+		GUC_check_errdetail("List syntax is invalid.");
+		return false;
+	}
+	return true;
+}
+
 /* Which databases are served, by how many workers, and how they wait and stop. */
 static void
 define_worker_gucs(void)
@@ -229,7 +280,7 @@ define_worker_gucs(void)
 							   &obx_databases,
 							   "",
 							   PGC_SIGHUP, GUC_LIST_INPUT,
-							   obx_check_database_list, NULL, NULL);
+							   check_database_list, NULL, NULL);
 
 	DefineCustomStringVariable("obx.consumer_databases",
 							   "Databases whose subscriptions the consumer workers serve, comma-separated.",
@@ -238,7 +289,7 @@ define_worker_gucs(void)
 							   &obx_consumer_databases,
 							   "",
 							   PGC_SIGHUP, GUC_LIST_INPUT,
-							   obx_check_database_list, NULL, NULL);
+							   check_database_list, NULL, NULL);
 
 	DefineCustomIntVariable("obx.poll_interval",
 							"How often a worker looks for events it was not "

@@ -40,38 +40,6 @@
 #include "worker.h"
 #include "protocol.h"
 
-/*
- * obx_worker_register
- *		Register the launcher (launcher.c), which starts obx.workers relay
- *		and obx.consumer_workers consumer workers per database; called while
- *		the shared_preload_libraries are loaded.  Restarted 1 s after it
- *		exits with status 1.  Not in a binary upgrade (pg_upgrade).
- */
-void
-obx_worker_register(void)
-{
-	BackgroundWorker worker;
-
-	if (obx_workers == 0 && obx_consumer_workers == 0)
-		return;
-
-	/*
-	 * pg_upgrade starts both servers in binary-upgrade mode while it moves
-	 * the catalogs: no worker may publish, consume or purge then.
-	 */
-	if (IsBinaryUpgrade)
-		return;
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_ConsistentState;
-	worker.bgw_restart_time = 1;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "obx");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "obx_launcher_main");
-	snprintf(worker.bgw_name, BGW_MAXLEN, "obx launcher");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "obx launcher");
-	RegisterBackgroundWorker(&worker);
-}
-
 /* A consumer worker's exit: its slot is free for the launcher to fill. */
 static void
 detach_consumer(int code, Datum arg)

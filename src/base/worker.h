@@ -2,7 +2,7 @@
  *
  * worker.h
  *	  The base both background worker kinds are built on (worker.c):
- *	  registration, start-up, reload, the wait on the latch and one
+ *	  start-up, reload, the wait on the latch and one
  *	  descriptor, the extension-ready check, exit; and the
  *	  short-transaction steps and kept plans every worker statement uses.
  *
@@ -42,11 +42,10 @@ typedef struct ObxWorker
 	pgsocket wait_fd;       /* watched besides the latch, or none */
 } ObxWorker;
 
-/* Entry points, registered by name (obx_worker_register) */
+/* Entry points, registered by name (launcher.c) */
 extern PGDLLEXPORT void obx_relay_main(Datum main_arg);
 extern PGDLLEXPORT void obx_consumer_main(Datum main_arg);
 
-extern void obx_worker_register(void);
 extern void obx_worker_start(ObxWorker *w, ObxWorkerKind kind, Datum main_arg);
 extern bool obx_worker_reload(ObxWorker *w);
 extern void obx_worker_watch_fd(ObxWorker *w, pgsocket fd);

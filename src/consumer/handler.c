@@ -30,7 +30,6 @@
 
 #include "obx.h"
 #include "compat.h"
-#include "inbox.h"
 #include "handler.h"
 #include "worker.h"
 

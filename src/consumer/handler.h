@@ -13,7 +13,7 @@
 
 #include "postgres.h"
 
-#include "inbox.h"
+#include "inbound.h"
 
 #include "fmgr.h"
 

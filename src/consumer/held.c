@@ -19,6 +19,7 @@
 #include "consumer_group.h"
 #include "held.h"
 #include "inbox.h"
+#include "progress.h"
 #include "worker.h"
 
 #define OBX_SEEK_TIMEOUT_MS 5000

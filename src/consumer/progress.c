@@ -16,7 +16,6 @@
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 
-#include "inbox.h"
 #include "progress.h"
 #include "worker.h"
 

@@ -10,7 +10,7 @@
 
 #include "postgres.h"
 
-#include "inbox.h"
+#include "inbound.h"
 
 /* What one message did, kept until its subtransaction is released. */
 typedef struct ObxOutcome
@@ -24,5 +24,8 @@ typedef struct ObxOutcome
 extern void obx_progress_begin(const char *consumer);
 extern void obx_progress_count(const ObxInbound *msg, const ObxOutcome *o);
 extern void obx_progress_write(void);
+
+/* A transaction of its own. */
+extern void obx_inbox_note_retry(const ObxInbound *msg, const char *error);
 
 #endif /* OBX_PROGRESS_H */

@@ -39,7 +39,6 @@
 #include "utils/uuid.h"
 
 #include "obx.h"
-#include "kafka.h"
 #include "latency.h"
 #include "turns.h"
 #include "worker.h"
