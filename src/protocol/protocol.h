@@ -38,7 +38,9 @@
  * read in seq order up to the batch size, but for the late committers:
  * they are few, and found on the xid index, which an ORDER BY seq ... LIMIT
  * would trade for a walk of the seq index below the floor (the floor's
- * min(seq + 0) avoids the same).
+ * min(seq + 0) avoids the same).  The keys held back (blocked) may repeat:
+ * NOT IN needs no distinct rows, and making them distinct cost a backlog's
+ * claims a hash of thousands of keys each (docs/benchmarks.md).
  */
 #define OBX_SQL_CLAIM                                                                       \
 	"WITH blocked AS MATERIALIZED ("                                                        \
@@ -46,7 +48,7 @@
 	"    FROM obx._live_leases($3, $5) l,"                                                  \
 	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"           \
 	"           AS k(topic, event_key)"                                                     \
-	"  UNION"                                                                               \
+	"  UNION ALL"                                                                           \
 	"  SELECT s.topic, s.event_key"                                                         \
 	"    FROM obx.event_states s"                                                           \
 	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                              \
