@@ -655,7 +655,8 @@ same_key(const Event *a, const Event *b)
 }
 
 /*
- * Hand the batch to librdkafka in seq order.  An event it refuses at once
+ * Hand the batch to librdkafka in seq order, the payloads not copied: they
+ * stay in the claim's rows until the batch's every report is in.  An event it refuses at once
  * fails, and the later events of its key stay unsent so that they cannot
  * overtake it (src/relay/kafka.c does the same).
  */
@@ -692,7 +693,7 @@ produce(rd_kafka_t *rk, Batch *batch)
 									RD_KAFKA_V_TOPIC(ev->topic),
 									RD_KAFKA_V_KEY(ev->key, strlen(ev->key)),
 									RD_KAFKA_V_VALUE((void *) ev->payload, ev->payload_len),
-									RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+									RD_KAFKA_V_MSGFLAGS(0),
 									RD_KAFKA_V_HEADERS(hdrs),
 									RD_KAFKA_V_OPAQUE(ev),
 									RD_KAFKA_V_END);
@@ -943,12 +944,21 @@ read_headers(Event *ev, const char *p, int len)
 	}
 }
 
+/* The uuid's 16 bytes as its text, without printf: one per event. */
 static void
 format_uuid(char *out, const unsigned char *u)
 {
-	snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-			 u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
-			 u[12], u[13], u[14], u[15]);
+	static const char hex[] = "0123456789abcdef";
+	int i;
+
+	for (i = 0; i < 16; i++)
+	{
+		if (i == 4 || i == 6 || i == 8 || i == 10)
+			*out++ = '-';
+		*out++ = hex[u[i] >> 4];
+		*out++ = hex[u[i] & 0xf];
+	}
+	*out = '\0';
 }
 
 /*
