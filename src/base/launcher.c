@@ -146,9 +146,8 @@ obx_relay_dbslot(Oid dboid)
 
 /*
  * Give database slot dbslot to database dboid, served by nworkers relay
- * workers, or free it (dboid InvalidOid).  Its claim turns start afresh,
- * as at start-up: claimed_changes unequal to changes, so that the first
- * claim is not skipped (turns.c).
+ * workers, or free it (dboid InvalidOid).  Its claim turns start afresh
+ * (obx_turns_reset).
  */
 static void
 relay_db_set(int dbslot, Oid dboid, int nworkers)
@@ -158,9 +157,7 @@ relay_db_set(int dbslot, Oid dboid, int nworkers)
 	db->dboid = InvalidOid;
 	pg_write_barrier();
 	db->nworkers = nworkers;
-	pg_atomic_write_u64(&db->changes, 0);
-	pg_atomic_write_u64(&db->claimed_changes, PG_UINT64_MAX);
-	pg_atomic_write_u64(&db->last_claim_at, 0);
+	obx_turns_reset(db);
 	pg_write_barrier();
 	db->dboid = dboid;
 }
@@ -282,6 +279,14 @@ start_worker(Kind *kind, Served *db, int k)
 	worker.bgw_main_arg = Int32GetDatum(i);
 	strlcpy(worker.bgw_extra, db->name, BGW_EXTRALEN);
 	worker.bgw_notify_pid = MyProcPid;
+
+	/*
+	 * The slot names its database before the worker can start: a worker
+	 * attaches to its slot as soon as it runs, and writing the slot after
+	 * registering could wipe what it has attached (its pid and latch).
+	 */
+	if (kind->relay)
+		relay_slot_set(i, db->name, NULL);
 	/* The handle outlives the pass, whose memory is reset. */
 	old = MemoryContextSwitchTo(TopMemoryContext);
 	registered = RegisterDynamicBackgroundWorker(&worker, &db->handles[k]);
@@ -294,8 +299,6 @@ start_worker(Kind *kind, Served *db, int k)
 			   "Raise max_worker_processes (a restart) or serve fewer databases.");
 		return;
 	}
-	if (kind->relay)
-		relay_slot_set(i, db->name, NULL);
 }
 
 /*
