@@ -524,15 +524,16 @@ obx_shmem_startup(void)
 			SpinLockInit(&obx_shared->workers[i].mutex);
 		pg_atomic_init_u32(&obx_shared->async_committing, 0);
 		pg_atomic_init_u64(&obx_shared->async_commit_end, 0);
-		/* no database served yet, no claim (see launcher.c's relay_db_set) */
+		/* no database served yet (see launcher.c's relay_db_set), no claim */
 		for (i = 0; i < OBX_MAX_WORKERS; i++)
 		{
 			ObxDbTurns *db = &obx_shared->dbs[i];
 
 			pg_atomic_init_u32(&db->next_wake, 0);
 			pg_atomic_init_u64(&db->changes, 0);
-			pg_atomic_init_u64(&db->claimed_changes, PG_UINT64_MAX);
+			pg_atomic_init_u64(&db->claimed_changes, 0);
 			pg_atomic_init_u64(&db->last_claim_at, 0);
+			obx_turns_reset(db);
 		}
 	}
 	obx_latency_shmem_init();

@@ -163,6 +163,19 @@ typedef struct ObxDbTurns
 	pg_atomic_uint64 last_claim_at;
 } ObxDbTurns;
 
+/*
+ * Start db's claim turns afresh: no change counted, claimed_changes unequal
+ * to changes so that the first claim is not skipped, no claim yet.  At
+ * start-up and whenever the slot is given to a database (relay_db_set).
+ */
+static inline void
+obx_turns_reset(ObxDbTurns *db)
+{
+	pg_atomic_write_u64(&db->changes, 0);
+	pg_atomic_write_u64(&db->claimed_changes, PG_UINT64_MAX);
+	pg_atomic_write_u64(&db->last_claim_at, 0);
+}
+
 typedef struct ObxShared
 {
 	/*
