@@ -333,7 +333,7 @@ sub first_occurrences
 {
 	my ($msgs) = @_;
 	my (%order, %seen);
-	for my $m (sort { $a->{partition} <=> $b->{partition} || $a->{offset} <=> $b->{offset} } @$msgs)
+	for my $m (in_broker_order($msgs))
 	{
 		next if $seen{ $m->{event_id} }++;
 		push @{ $order{ $m->{key} } }, $m->{event_id};
@@ -346,9 +346,15 @@ sub first_occurrences
 sub copies_of_key
 {
 	my ($msgs, $key) = @_;
-	return [ map { $_->{event_id} }
-		  sort { $a->{partition} <=> $b->{partition} || $a->{offset} <=> $b->{offset} }
-		  grep { $_->{key} eq $key } @$msgs ];
+	return [ map { $_->{event_id} } grep { $_->{key} eq $key } in_broker_order($msgs) ];
+}
+
+# in_broker_order($msgs): the messages in the order the broker stored them,
+# by partition and offset.
+sub in_broker_order
+{
+	my ($msgs) = @_;
+	return sort { $a->{partition} <=> $b->{partition} || $a->{offset} <=> $b->{offset} } @$msgs;
 }
 
 # committed_ids($node, $where): per key, the committed event ids in enqueue
