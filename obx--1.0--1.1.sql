@@ -1169,6 +1169,39 @@ REVOKE ALL ON FUNCTION obx._land(text, obx.inbound_event),
 	obx.fail_landed(text, bigint, text, integer, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION obx.land(obx.inbound_event) TO PUBLIC;
 
+/*
+ * Who owns a subscription row (obx--1.0.sql): obx._subscribe writes the
+ * owner it checked as obx's owner, who is a superuser with the extension
+ * but the database's owner in the SQL-only install; a row written by
+ * anyone else is owned by that writer.  obx-relay runs subscriptions in
+ * the SQL-only install, as their owner: the row must name the subscriber.
+ */
+CREATE OR REPLACE FUNCTION obx._subscription_owner()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	fn regprocedure := pg_catalog.to_regprocedure(NEW.handler);
+BEGIN
+	IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
+					  WHERE r.rolname = current_user), false)
+	   AND current_user::regrole::oid <> (SELECT c.relowner FROM pg_catalog.pg_class c
+										   WHERE c.oid = 'obx.subscriptions'::regclass) THEN
+		NEW.owner := current_user::regrole;
+		NEW.handler_owner := NULL;
+	END IF;
+	IF fn IS NOT NULL THEN
+		NEW.handler := fn::text;
+		IF NEW.handler_owner IS NULL THEN
+			NEW.handler_owner := (SELECT p.proowner FROM pg_catalog.pg_proc p
+								   WHERE p.oid = fn)::regrole;
+		END IF;
+	END IF;
+	RETURN NEW;
+END
+$$;
+
 COMMENT ON TABLE obx.landed IS
 	'Messages landed by the handler obx.land for a consumer outside the database (obx:work), until it completes them';
 COMMENT ON VIEW obx.landed_status IS
