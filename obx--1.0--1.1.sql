@@ -1252,7 +1252,9 @@ $$;
  * event_key and the header values come as text: the bytes as they are
  * when valid UTF-8, else "\x" and their hex (the caller decides).
  * handler_failures: how many times the handler failed transiently on this
- * message before (for max_attempts).
+ * message before (for max_attempts); timed_out_ms, when not 0: the
+ * caller's call of this message was cancelled after the subscription's
+ * handler_timeout_ms, so the message is dead-lettered without a call.
  *
  * result: 'processed', 'duplicate', 'dead letter', 'retry' (a transient
  * error of the handler: rolled back, counted in retries) or 'refused' (the
@@ -1262,7 +1264,7 @@ $$;
 CREATE FUNCTION obx._consume(consumer_name text, topic text, kafka_partition integer,
 							 kafka_offset bigint, event_key text, header_names text[],
 							 header_values text[], value bytea, kafka_timestamp timestamptz,
-							 handler_failures integer,
+							 handler_failures integer, timed_out_ms integer,
 							 OUT result text, OUT error text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1365,6 +1367,27 @@ BEGIN
 					NULL, malformed)
 			ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING;
 		END IF;
+	ELSIF timed_out_ms > 0 THEN
+		/* As the consumer workers dead-letter a handler past its timeout (handler.c). */
+		code := '57014';
+		msg := format('obx handler %s ran longer than its timeout of %s ms and was cancelled',
+					  s.handler, timed_out_ms);
+		INSERT INTO obx.processed_events AS p (consumer_name, event_id)
+		VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
+		IF NOT FOUND THEN
+			result := 'duplicate';
+		ELSE
+			result := 'dead letter';
+			error := code || ': ' || msg;
+			INSERT INTO obx.dead_letters AS d
+				(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
+				 event_type, headers, payload, raw_payload, kafka_timestamp, error_class,
+				 error_sqlstate, error_message)
+			VALUES (_consume.consumer_name, ev.event_id, ev.topic, ev.kafka_partition,
+					ev.kafka_offset, ev.event_key, ev.event_type, ev.headers, ev.payload,
+					NULL, ev.kafka_timestamp, 'handler', code, msg)
+			ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING;
+		END IF;
 	ELSE
 		fn := obx._handler(s);
 		problem := obx._daemon_handler_problem(s, fn);
@@ -1388,7 +1411,11 @@ BEGIN
 				EXECUTE call USING ev;
 				result := 'processed';
 			END IF;
-		EXCEPTION WHEN query_canceled OR others THEN
+		EXCEPTION WHEN others THEN
+			/*
+			 * Not query_canceled: the caller's statement_timeout is the
+			 * handler's timeout, and a cancel fails the whole call.
+			 */
 			GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
 			/* is_transient (inbox.c) */
 			transient := left(code, 2) IN ('40', '08', '53') OR code IN ('55P03', '57014')
@@ -1479,10 +1506,10 @@ $$;
 /* obx-relay's role (a member of obx_worker) only. */
 REVOKE ALL ON FUNCTION obx._daemon_handler_problem(obx.subscriptions, regprocedure),
 	obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz,
-				 integer) FROM PUBLIC;
+				 integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION obx._daemon_handler_problem(obx.subscriptions, regprocedure),
 	obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz,
-				 integer) TO obx_worker;
+				 integer, integer) TO obx_worker;
 
 COMMENT ON TABLE obx.landed IS
 	'Messages landed by the handler obx.land for a consumer outside the database (obx:work), until it completes them';

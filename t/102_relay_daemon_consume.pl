@@ -28,6 +28,8 @@
 # - a call that failed (its session terminated inside the handler) stores
 #   no offset: the daemon stopped with SIGTERM before trying it again (a
 #   close commits the offsets stored), the next one applies the event;
+# - handler_timeout_ms: a handler past it is cancelled, its message
+#   dead-lettered (57014), and the next one of its key applied;
 # - SIGTERM stops the daemon with exit status 0.
 use strict;
 use warnings;
@@ -75,6 +77,9 @@ q1(q{
 	BEGIN
 		IF e.payload->>'poison' = 'true' THEN
 			RAISE EXCEPTION 'poison event %', e.event_id USING ERRCODE = '23514';
+		END IF;
+		IF coalesce(e.payload->>'sleep', '') = 'true' THEN
+			PERFORM pg_sleep(30);
 		END IF;
 		IF coalesce(e.payload->>'gate', '') = 'hold' THEN
 			PERFORM pg_advisory_xact_lock_shared(4242);
@@ -280,6 +285,25 @@ $relay = start_relay($config);
 caught_up('after a failed call and a restart');
 is_deeply(effects(), { map { $_ => 1 } @ids },
 	'the event whose call failed is applied by the next daemon, once: its offset was not committed');
+
+############################################################################
+# handler_timeout_ms: a handler past it is cancelled and its message
+# dead-lettered; the partition goes on.
+############################################################################
+my $changes = () = relay_log($relay) =~ /subscription "inventory" changed/g;
+subscribe_as($consumer, 'shop.reserve(obx.inbound_event)', handler_timeout_ms => 1000);
+wait_until(sub { my $n = () = relay_log($relay) =~ /subscription "inventory" changed/g; $n > $changes },
+	'the daemon to rebuild the consumer with the new timeout');
+my ($slow) = enqueue({ key => 'sku-slow', sleep => 'true' });
+my @after_slow = enqueue({ key => 'sku-slow' });
+push @ids, @after_slow;
+caught_up('after a handler that ran past its timeout');
+is(q1(qq{SELECT error_class || '|' || error_sqlstate || '|' || error_message
+		   FROM obx.dead_letters WHERE event_id = '$slow'}),
+	'handler|57014|obx handler shop.reserve(obx.inbound_event) ran longer than its timeout of 1000 ms and was cancelled',
+	'a handler past handler_timeout_ms: its message is a dead letter (57014)');
+is_deeply(effects(), { map { $_ => 1 } @ids },
+	'the slow event had no effect, the next one of its key was applied');
 is(stop_relay($relay), 0, 'SIGTERM stops the daemon with exit status 0');
 
 done_testing();

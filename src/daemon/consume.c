@@ -68,6 +68,7 @@ typedef struct Sub
 	int db;
 	char *name;
 	char *signature; /* what the consumer was built from */
+	int timeout_ms;  /* handler_timeout_ms: the session's statement_timeout */
 	rd_kafka_t *rk;
 	PGconn *conn;
 	long long retry_at; /* when to try to connect or build again */
@@ -90,15 +91,16 @@ static const char *list_sql =
 	"                                              ORDER BY k.key)"
 	"                   FROM pg_catalog.jsonb_each_text(s.options OPERATOR(pg_catalog.->) 'kafka') k"
 	"                  WHERE k.key IN (SELECT obx.subscription_kafka_properties())), ''),"
-	"       s.updated_at::pg_catalog.text, obx._subscription_problem(s)"
+	"       s.updated_at::pg_catalog.text, obx._subscription_problem(s),"
+	"       coalesce(s.options OPERATOR(pg_catalog.->>) 'handler_timeout_ms', '30000')"
 	"  FROM obx.subscriptions s ORDER BY 1";
 
 static const char *consume_sql =
-	"SELECT c.result, c.error FROM obx._consume($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) c";
+	"SELECT c.result, c.error FROM obx._consume($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) c";
 
-static const Oid consume_types[10] = {TEXTOID, TEXTOID, INT4OID, INT8OID, TEXTOID,
+static const Oid consume_types[11] = {TEXTOID, TEXTOID, INT4OID, INT8OID, TEXTOID,
 									  TEXTARRAYOID, TEXTARRAYOID, BYTEAOID, TSTZOID,
-									  INT4OID};
+									  INT4OID, INT4OID};
 
 bool
 obx_consume_enabled(void)
@@ -400,6 +402,21 @@ header_arrays(const rd_kafka_message_t *m, Buf *names, Buf *values)
 }
 
 /*
+ * Whether a call failed by the session's statement_timeout, the
+ * subscription's handler_timeout_ms: cancelled (57014) once that long had
+ * passed.  A cancel before it (pg_cancel_backend) is transient.
+ */
+static bool
+timed_out_call(Sub *s, const PGresult *res, long long started)
+{
+	const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+
+	return s->timeout_ms > 0 && PQresultStatus(res) == PGRES_FATAL_ERROR && code != NULL &&
+		   strcmp(code, "57014") == 0 && PQstatus(s->conn) == CONNECTION_OK &&
+		   obx_now_us() - started >= (long long) s->timeout_ms * 1000;
+}
+
+/*
  * Apply the message in a transaction of its own: obx._consume's result
  * ("processed", "duplicate", "dead letter", "retry", "refused"), or NULL
  * when the call failed (said why).  *error gets its error (malloc'd).
@@ -407,12 +424,13 @@ header_arrays(const rd_kafka_message_t *m, Buf *names, Buf *values)
 static char *
 apply(Sub *s, const rd_kafka_message_t *m, int handler_failures, char **error)
 {
-	char partition[16], offset[24], failures[16], stamp[48];
+	char partition[16], offset[24], failures[16], timed_out[16], stamp[48];
 	char *key = m->key != NULL ? as_text(m->key, m->key_len) : NULL;
 	Buf names = {0}, values = {0};
-	const char *params[10];
-	int lengths[10] = {0};
-	int formats[10] = {0};
+	const char *params[11];
+	int lengths[11] = {0};
+	int formats[11] = {0};
+	long long started;
 	rd_kafka_timestamp_type_t tstype;
 	long long ts = rd_kafka_message_timestamp(m, &tstype);
 	PGresult *res;
@@ -448,7 +466,17 @@ apply(Sub *s, const rd_kafka_message_t *m, int handler_failures, char **error)
 	formats[7] = 1;
 	params[8] = ts >= 0 ? stamp : NULL;
 	params[9] = failures;
-	res = PQexecPrepared(s->conn, "obx_consume", 10, params, lengths, formats, 0);
+	params[10] = "0";
+	started = obx_now_us();
+	res = PQexecPrepared(s->conn, "obx_consume", 11, params, lengths, formats, 0);
+	if (timed_out_call(s, res, started))
+	{
+		/* Past handler_timeout_ms: dead-lettered without a call (handler.c). */
+		PQclear(res);
+		snprintf(timed_out, sizeof(timed_out), "%d", s->timeout_ms);
+		params[10] = timed_out;
+		res = PQexecPrepared(s->conn, "obx_consume", 11, params, lengths, formats, 0);
+	}
 	*error = NULL;
 	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
 	{
@@ -645,7 +673,7 @@ sub_connect(Sub *s)
 	s->conn = connect_session(s->db, s->name);
 	if (s->conn == NULL)
 		return false;
-	res = PQprepare(s->conn, "obx_consume", consume_sql, 10, consume_types);
+	res = PQprepare(s->conn, "obx_consume", consume_sql, 11, consume_types);
 	if (PQresultStatus(res) != PGRES_COMMAND_OK)
 	{
 		obx_say("ERROR", "consumer group \"%s\": could not prepare obx._consume: %s",
@@ -657,6 +685,18 @@ sub_connect(Sub *s)
 		return false;
 	}
 	PQclear(res);
+	{
+		char ms[16];
+		const char *params[1] = {ms};
+
+		snprintf(ms, sizeof(ms), "%d", s->timeout_ms);
+		res = PQexecParams(s->conn, "SELECT pg_catalog.set_config('statement_timeout', $1, false)",
+						   1, NULL, params, NULL, NULL, 0);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+			obx_say("ERROR", "consumer group \"%s\": could not set its handler timeout: %s",
+					s->name, PQresultErrorMessage(res));
+		PQclear(res);
+	}
 	return true;
 }
 
@@ -679,12 +719,14 @@ sub_listed(int db, PGresult *res, int row)
 	const char *topics = PQgetvalue(res, row, 1);
 	const char *start = PQgetvalue(res, row, 2);
 	const char *kafka = PQgetvalue(res, row, 3);
+	const char *timeout = PQgetvalue(res, row, 6);
 	char *signature = obx_xcalloc(strlen(topics) + strlen(start) + strlen(kafka) +
-									  strlen(PQgetvalue(res, row, 4)) + 4,
+									  strlen(PQgetvalue(res, row, 4)) + strlen(timeout) + 5,
 								  1);
 	Sub *s = sub_find(db, name);
 
-	sprintf(signature, "%s|%s|%s|%s", topics, start, kafka, PQgetvalue(res, row, 4));
+	sprintf(signature, "%s|%s|%s|%s|%s", topics, start, kafka, PQgetvalue(res, row, 4),
+			timeout);
 	if (s != NULL && strcmp(s->signature, signature) == 0)
 	{
 		s->listed = true;
@@ -707,6 +749,7 @@ sub_listed(int db, PGresult *res, int row)
 		obx_say("LOG", "subscription \"%s\" changed: its consumer rejoins the group", name);
 	}
 	s->signature = signature;
+	s->timeout_ms = atoi(timeout);
 	s->listed = true;
 	if (!sub_build(s, topics, start, kafka))
 		sub_close(s);

@@ -1608,7 +1608,7 @@ static const char *const grant_checks[][2] = {
 	{"EXECUTE on obx._tick()", "has_function_privilege('obx._tick()', 'EXECUTE')"},
 	{"EXECUTE on obx._hold(uuid[])", "has_function_privilege('obx._hold(uuid[])', 'EXECUTE')"},
 	{"EXECUTE on obx._rotate(float8)", "has_function_privilege('obx._rotate(float8)', 'EXECUTE')"},
-	{"EXECUTE on obx._consume(...)", "has_function_privilege('obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz, integer)', 'EXECUTE')"},
+	{"EXECUTE on obx._consume(...)", "has_function_privilege('obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz, integer, integer)', 'EXECUTE')"},
 };
 
 static bool
