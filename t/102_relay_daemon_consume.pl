@@ -28,6 +28,9 @@
 # - a call that failed (its session terminated inside the handler) stores
 #   no offset: the daemon stopped with SIGTERM before trying it again (a
 #   close commits the offsets stored), the next one applies the event;
+# - messages of another producer: the id from the payload's eventId, a
+#   binary key as \x and hex, a value that is not JSON dead-lettered as
+#   malformed with its bytes;
 # - handler_timeout_ms: a handler past it is cancelled, its message
 #   dead-lettered (57014), and the next one of its key applied;
 # - SIGTERM stops the daemon with exit status 0.
@@ -285,6 +288,23 @@ $relay = start_relay($config);
 caught_up('after a failed call and a restart');
 is_deeply(effects(), { map { $_ => 1 } @ids },
 	'the event whose call failed is applied by the next daemon, once: its offset was not committed');
+
+############################################################################
+# Messages from other producers: the event id from the payload's eventId
+# when there is no event_id header; a value that is not JSON is a
+# malformed dead letter, with its bytes (src/consumer/inbound.c's rules).
+############################################################################
+produce($mock, $topic,
+	{ partition => 0, key => "\x01\xfe", payload => '{"eventId": "evt-payload-1", "sku": "x"}' },
+	{ partition => 0, headers => [ event_id => 'evt-bad-1' ], payload => 'not json' });
+push @ids, 'evt-payload-1';
+caught_up('after messages of another producer');
+is(q1(q{SELECT event_key FROM shop.effects WHERE event_id = 'evt-payload-1'}), '\x01fe',
+	'no event_id header: the id from the payload; a key that is not UTF-8 as \x and hex');
+is(q1(q{SELECT error_class || '|' || convert_from(raw_payload, 'UTF8') || '|' || (payload IS NULL)
+		     || '|' || (error_message LIKE 'payload is not JSON: %')
+		   FROM obx.dead_letters WHERE event_id = 'evt-bad-1'}),
+	'malformed|not json|true|true', 'a value that is not JSON: a malformed dead letter with its bytes');
 
 ############################################################################
 # handler_timeout_ms: a handler past it is cancelled and its message
