@@ -1169,6 +1169,348 @@ REVOKE ALL ON FUNCTION obx._land(text, obx.inbound_event),
 	obx.fail_landed(text, bigint, text, integer, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION obx.land(obx.inbound_event) TO PUBLIC;
 
+/*
+ * Who owns a subscription row (obx--1.0.sql): obx._subscribe writes the
+ * owner it checked as obx's owner, who is a superuser with the extension
+ * but the database's owner in the SQL-only install; a row written by
+ * anyone else is owned by that writer.  obx-relay runs subscriptions in
+ * the SQL-only install, as their owner: the row must name the subscriber.
+ */
+CREATE OR REPLACE FUNCTION obx._subscription_owner()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	fn regprocedure := pg_catalog.to_regprocedure(NEW.handler);
+BEGIN
+	IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
+					  WHERE r.rolname = current_user), false)
+	   AND current_user::regrole::oid <> (SELECT c.relowner FROM pg_catalog.pg_class c
+										   WHERE c.oid = 'obx.subscriptions'::regclass) THEN
+		NEW.owner := current_user::regrole;
+		NEW.handler_owner := NULL;
+	END IF;
+	IF fn IS NOT NULL THEN
+		NEW.handler := fn::text;
+		IF NEW.handler_owner IS NULL THEN
+			NEW.handler_owner := (SELECT p.proowner FROM pg_catalog.pg_proc p
+								   WHERE p.oid = fn)::regrole;
+		END IF;
+	END IF;
+	RETURN NEW;
+END
+$$;
+
+/* ---------------------------------------------------------------------
+ * The consumer of obx-relay (src/daemon/consume.c): one message per call
+ * --------------------------------------------------------------------- */
+
+/*
+ * What a handler must be for obx-relay to call it: SECURITY DEFINER, owned
+ * by the subscription's owner, with a SET search_path clause, executable
+ * by that owner and by the caller (the daemon's role).  Outside the
+ * database no one can switch to the owner the way the consumer workers do
+ * (a security-restricted operation), so the function must switch itself.
+ * NULL when it is fine, else why not.  See docs/consumers.md, "Consuming
+ * with obx-relay".
+ */
+CREATE FUNCTION obx._daemon_handler_problem(s obx.subscriptions, fn regprocedure)
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT CASE
+		WHEN p.oid IS NULL
+		THEN coalesce(obx._subscription_problem(s), 'its handler no longer exists')
+		WHEN NOT p.prosecdef OR p.proowner <> s.owner
+		THEN pg_catalog.format('its handler %s must be SECURITY DEFINER and owned by the subscription''s owner %s',
+							   fn, s.owner)
+		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(p.proconfig) c
+						  WHERE c LIKE 'search\_path=%')
+		THEN pg_catalog.format('its handler %s must have a SET search_path clause', fn)
+		WHEN NOT pg_catalog.has_function_privilege(s.owner, fn, 'EXECUTE')
+		THEN pg_catalog.format('the subscription''s owner %s may not execute its handler %s', s.owner, fn)
+		WHEN NOT pg_catalog.has_schema_privilege(p.pronamespace, 'USAGE')
+			 OR NOT pg_catalog.has_function_privilege(fn, 'EXECUTE')
+		THEN pg_catalog.format('role %s needs USAGE on schema %s and EXECUTE on its handler %s (GRANT them to obx_worker)',
+							   current_user, p.pronamespace::regnamespace, fn)
+	END
+	  FROM (SELECT 1) AS one
+	  LEFT JOIN pg_catalog.pg_proc p ON p.oid = fn
+$$;
+
+/*
+ * One Kafka message of a subscription, applied in the caller's
+ * transaction, as the consumer workers apply a message alone
+ * (src/consumer/inbox.c): the event built (src/consumer/inbound.c), the
+ * mark, the handler, a dead letter, and the partition's row of
+ * obx.consumer_partitions (src/consumer/progress.c).  The caller commits,
+ * then stores the offset past the message; on 'retry' or 'refused' it
+ * holds the partition and reads the message again after a backoff.
+ *
+ * event_key and the header values come as text: the bytes as they are
+ * when valid UTF-8, else "\x" and their hex (the caller decides).
+ * handler_failures: how many times the handler failed transiently on this
+ * message before (for max_attempts); timed_out_ms, when not 0: the
+ * caller's call of this message was cancelled after the subscription's
+ * handler_timeout_ms, so the message is dead-lettered without a call.
+ *
+ * result: 'processed', 'duplicate', 'dead letter', 'retry' (a transient
+ * error of the handler: rolled back, counted in retries) or 'refused' (the
+ * subscription cannot be served now: its handler was not called); error
+ * says why for the last three.
+ */
+CREATE FUNCTION obx._consume(consumer_name text, topic text, kafka_partition integer,
+							 kafka_offset bigint, event_key text, header_names text[],
+							 header_values text[], value bytea, kafka_timestamp timestamptz,
+							 handler_failures integer, timed_out_ms integer,
+							 OUT result text, OUT error text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+	s obx.subscriptions;
+	fn regprocedure;
+	ev obx.inbound_event;
+	malformed text;
+	is_json boolean := false;
+	code text;
+	msg text;
+	transient boolean;
+	problem text;
+	max_attempts integer;
+	call text;
+	version xid;
+BEGIN
+	SELECT * INTO s FROM obx.subscriptions x WHERE x.consumer_name = _consume.consumer_name;
+	IF NOT FOUND THEN
+		result := 'refused';
+		error := 'the subscription no longer exists';
+		RETURN;
+	END IF;
+
+	/* The event (inbound.c): headers, id, type, payload. */
+	ev.topic := _consume.topic;
+	ev.kafka_partition := _consume.kafka_partition;
+	ev.kafka_offset := _consume.kafka_offset;
+	ev.event_key := _consume.event_key;
+	ev.kafka_timestamp := _consume.kafka_timestamp;
+	SELECT coalesce(jsonb_object_agg(h.n, h.v ORDER BY h.i), '{}')
+	  INTO ev.headers
+	  FROM unnest(header_names, header_values) WITH ORDINALITY AS h(n, v, i);
+	SELECT nullif(h.v, '') INTO ev.event_id
+	  FROM unnest(header_names, header_values) WITH ORDINALITY AS h(n, v, i)
+	 WHERE h.n = 'event_id' ORDER BY h.i DESC LIMIT 1;
+	SELECT h.v INTO ev.event_type
+	  FROM unnest(header_names, header_values) WITH ORDINALITY AS h(n, v, i)
+	 WHERE h.n = 'event_type' ORDER BY h.i DESC LIMIT 1;
+	IF value IS NULL AND ev.event_id IS NULL THEN
+		malformed := 'message has no value (a tombstone) and no event_id header';
+	ELSIF value IS NOT NULL THEN
+		BEGIN
+			ev.payload := convert_from(value, current_setting('server_encoding'))::jsonb;
+			is_json := true;
+		EXCEPTION
+			WHEN character_not_in_repertoire OR untranslatable_character THEN
+				malformed := 'payload is not JSON: message value is not valid '
+							 || current_setting('server_encoding');
+			WHEN others THEN
+				GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT;
+				malformed := 'payload is not JSON: ' || msg;
+		END;
+	END IF;
+	IF is_json AND jsonb_typeof(ev.payload) = 'object' THEN
+		IF ev.event_id IS NULL THEN
+			ev.event_id := CASE WHEN jsonb_typeof(ev.payload -> 'eventId') = 'string'
+								THEN nullif(ev.payload ->> 'eventId', '') END;
+		END IF;
+		IF ev.event_id IS NULL THEN
+			ev.event_id := CASE WHEN jsonb_typeof(ev.payload -> 'event_id') = 'string'
+								THEN nullif(ev.payload ->> 'event_id', '') END;
+		END IF;
+		IF ev.event_type IS NULL THEN
+			ev.event_type := CASE WHEN jsonb_typeof(ev.payload -> 'eventType') = 'string'
+								  THEN nullif(ev.payload ->> 'eventType', '') END;
+		END IF;
+	END IF;
+	IF octet_length(ev.event_id) > 512 THEN
+		/* The dedupe index could never hold it (inbound.h, OBX_MAX_EVENT_ID_LEN). */
+		malformed := format('event id is not valid: %s bytes, at most 512 allowed',
+							octet_length(ev.event_id));
+		ev.event_id := NULL;
+	ELSIF malformed IS NULL AND ev.event_id IS NULL THEN
+		malformed := 'no event id: no event_id header and no eventId or event_id field in the payload';
+	END IF;
+
+	IF malformed IS NOT NULL THEN
+		/* A duplicate if its id is known, else a dead letter (inbox.c). */
+		IF ev.event_id IS NOT NULL THEN
+			INSERT INTO obx.processed_events AS p (consumer_name, event_id)
+			VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
+			IF NOT FOUND THEN
+				result := 'duplicate';
+			END IF;
+		END IF;
+		IF result IS NULL THEN
+			result := 'dead letter';
+			error := malformed;
+			INSERT INTO obx.dead_letters AS d
+				(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
+				 event_type, headers, payload, raw_payload, kafka_timestamp, error_class,
+				 error_sqlstate, error_message)
+			VALUES (_consume.consumer_name, ev.event_id, ev.topic, ev.kafka_partition,
+					ev.kafka_offset, ev.event_key, ev.event_type, ev.headers,
+					CASE WHEN is_json THEN ev.payload END,
+					CASE WHEN NOT is_json THEN value END, ev.kafka_timestamp, 'malformed',
+					NULL, malformed)
+			ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING;
+		END IF;
+	ELSIF timed_out_ms > 0 THEN
+		/* As the consumer workers dead-letter a handler past its timeout (handler.c). */
+		code := '57014';
+		msg := format('obx handler %s ran longer than its timeout of %s ms and was cancelled',
+					  s.handler, timed_out_ms);
+		INSERT INTO obx.processed_events AS p (consumer_name, event_id)
+		VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
+		IF NOT FOUND THEN
+			result := 'duplicate';
+		ELSE
+			result := 'dead letter';
+			error := code || ': ' || msg;
+			INSERT INTO obx.dead_letters AS d
+				(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
+				 event_type, headers, payload, raw_payload, kafka_timestamp, error_class,
+				 error_sqlstate, error_message)
+			VALUES (_consume.consumer_name, ev.event_id, ev.topic, ev.kafka_partition,
+					ev.kafka_offset, ev.event_key, ev.event_type, ev.headers, ev.payload,
+					NULL, ev.kafka_timestamp, 'handler', code, msg)
+			ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING;
+		END IF;
+	ELSE
+		fn := obx._handler(s);
+		problem := obx._daemon_handler_problem(s, fn);
+		IF problem IS NOT NULL THEN
+			result := 'refused';
+			error := format('obx-relay cannot run subscription "%s": %s', s.consumer_name, problem);
+		END IF;
+	END IF;
+
+	IF result IS NULL AND malformed IS NULL THEN
+		SELECT format('SELECT %I.%I($1)', n.nspname, p.proname), p.xmin INTO call, version
+		  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+		 WHERE p.oid = fn;
+		BEGIN
+			/* The mark and the handler's work: all or nothing (inbox.c). */
+			INSERT INTO obx.processed_events AS p (consumer_name, event_id)
+			VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
+			IF NOT FOUND THEN
+				result := 'duplicate';
+			ELSE
+				EXECUTE call USING ev;
+				result := 'processed';
+			END IF;
+		EXCEPTION WHEN others THEN
+			/*
+			 * Not query_canceled: the caller's statement_timeout is the
+			 * handler's timeout, and a cancel fails the whole call.
+			 */
+			GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+			/* is_transient (inbox.c) */
+			transient := left(code, 2) IN ('40', '08', '53') OR code IN ('55P03', '57014')
+						 OR code IN (SELECT x FROM jsonb_array_elements_text(
+										CASE WHEN jsonb_typeof(s.options -> 'retry_sqlstates') = 'array'
+											 THEN s.options -> 'retry_sqlstates' END) x);
+			max_attempts := CASE WHEN jsonb_typeof(s.options -> 'max_attempts') = 'number'
+								 THEN (s.options ->> 'max_attempts')::integer END;
+			IF transient AND (max_attempts IS NULL OR handler_failures + 1 < max_attempts) THEN
+				result := 'retry';
+				error := code || ': ' || msg;
+			ELSE
+				IF transient THEN
+					msg := format('%s (attempt %s of max_attempts %s)', msg,
+								  handler_failures + 1, max_attempts);
+				END IF;
+				INSERT INTO obx.processed_events AS p (consumer_name, event_id)
+				VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
+				IF NOT FOUND THEN
+					result := 'duplicate';
+				ELSE
+					result := 'dead letter';
+					error := code || ': ' || msg;
+					INSERT INTO obx.dead_letters AS d
+						(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
+						 event_type, headers, payload, raw_payload, kafka_timestamp, error_class,
+						 error_sqlstate, error_message)
+					VALUES (_consume.consumer_name, ev.event_id, ev.topic, ev.kafka_partition,
+							ev.kafka_offset, ev.event_key, ev.event_type, ev.headers, ev.payload,
+							NULL, ev.kafka_timestamp, 'handler', code, msg)
+					ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING;
+				END IF;
+			END IF;
+		END;
+	END IF;
+
+	/*
+	 * The function checked above is the one that ran: a concurrent CREATE
+	 * OR REPLACE (say, without SECURITY DEFINER, to run as the caller) rolls
+	 * the whole call back.
+	 */
+	IF version IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+											WHERE p.oid = fn AND p.xmin = version) THEN
+		RAISE EXCEPTION 'obx handler % changed while it ran', fn
+			USING ERRCODE = '40001';
+	END IF;
+
+	/* The partition's row (progress.c): position and counts, or a retry. */
+	IF result IN ('retry', 'refused') THEN
+		INSERT INTO obx.consumer_partitions AS p
+			(consumer_name, topic, kafka_partition, retries, last_error_class, last_error,
+			 last_error_at)
+		VALUES (_consume.consumer_name, _consume.topic, _consume.kafka_partition,
+				1, 'transient', error, now())
+		ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE
+		   SET retries = p.retries + 1, last_error_class = 'transient',
+			   last_error = excluded.last_error, last_error_at = now();
+	ELSE
+		INSERT INTO obx.consumer_partitions AS p
+			(consumer_name, topic, kafka_partition, next_offset, processed, duplicates,
+			 dead_lettered, last_event_id, last_processed_at, last_error_class, last_error,
+			 last_error_at)
+		VALUES (_consume.consumer_name, _consume.topic, _consume.kafka_partition,
+				_consume.kafka_offset + 1, (result = 'processed')::int,
+				(result = 'duplicate')::int, (result = 'dead letter')::int, ev.event_id, now(),
+				CASE WHEN error IS NOT NULL THEN CASE WHEN malformed IS NOT NULL
+					 THEN 'malformed' ELSE 'handler' END END,
+				error, CASE WHEN error IS NOT NULL THEN now() END)
+		ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE
+		   SET next_offset = excluded.next_offset,
+			   processed = p.processed + excluded.processed,
+			   duplicates = p.duplicates + excluded.duplicates,
+			   dead_lettered = p.dead_lettered + excluded.dead_lettered,
+			   last_event_id = coalesce(excluded.last_event_id, p.last_event_id),
+			   last_processed_at = excluded.last_processed_at,
+			   last_error_class = coalesce(excluded.last_error_class, p.last_error_class),
+			   last_error = coalesce(excluded.last_error, p.last_error),
+			   last_error_at = coalesce(excluded.last_error_at, p.last_error_at);
+	END IF;
+	/*
+	 * Its commit is durable before the caller stores the offset, whatever
+	 * the handler set for the session (a SET there outlives the call).
+	 */
+	PERFORM set_config('synchronous_commit', 'on', true);
+END
+$$;
+
+/* obx-relay's role (a member of obx_worker) only. */
+REVOKE ALL ON FUNCTION obx._daemon_handler_problem(obx.subscriptions, regprocedure),
+	obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz,
+				 integer, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION obx._daemon_handler_problem(obx.subscriptions, regprocedure),
+	obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz,
+				 integer, integer) TO obx_worker;
+
 COMMENT ON TABLE obx.landed IS
 	'Messages landed by the handler obx.land for a consumer outside the database (obx:work), until it completes them';
 COMMENT ON VIEW obx.landed_status IS

@@ -7,7 +7,8 @@
  *	  claim / produce / record protocol as the in-database relay, with the
  *	  same statements (src/protocol/protocol.h), over libpq, against one or
  *	  more databases, as a role that holds obx_worker's grants and nothing
- *	  more (docs/security.md, "The workers").
+ *	  more (docs/security.md, "The workers").  It also runs the
+ *	  subscriptions its setting "subscriptions" names (consume.c).
  *
  *	  obx-relay [--config FILE] [--check]
  *
@@ -46,11 +47,10 @@
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 
+#include "daemon.h"
 #include "kafka_errors.h"
 #include "protocol.h"
 
-#define MAX_DATABASES   16
-#define MAX_KAFKA_PROPS 64
 /* A floor past every seq (claim.c's OBX_FLOOR_NONE). */
 #define FLOOR_NONE      "9223372036854775807"
 /* Seconds from the Unix epoch to PostgreSQL's (2000-01-01). */
@@ -71,26 +71,6 @@
 #define UUIDOID        2950
 #define UUIDARRAYOID   2951
 #define PGSNAPSHOTOID  5038
-
-typedef struct Config
-{
-	char *databases[MAX_DATABASES];
-	int ndatabases;
-	char *brokers;
-	char *kafka_names[MAX_KAFKA_PROPS];
-	char *kafka_values[MAX_KAFKA_PROPS];
-	int nkafka;
-	int batch_size;
-	int poll_interval_ms;
-	int lease_timeout_s;
-	int delivery_timeout_ms;
-	int max_attempts;
-	int backoff_min_ms;
-	int backoff_max_ms;
-	bool quarantine_blocks_key;
-	int retention_s;
-	int relay_id;
-} Config;
 
 typedef enum Outcome
 {
@@ -148,13 +128,13 @@ typedef struct Database
 	long long claim_at; /* the next claim, in microseconds; 0: at once */
 } Database;
 
-static Config config;
+Config obx_config;
 static const char *config_file = NULL;
 static volatile sig_atomic_t stop_requested = 0;
 static volatile sig_atomic_t reload_requested = 0;
 
-static void
-say(const char *level, const char *fmt, ...)
+void
+obx_say(const char *level, const char *fmt, ...)
 {
 	char stamp[32];
 	struct timeval tv;
@@ -171,42 +151,34 @@ say(const char *level, const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-static char *
-xstrdup(const char *s)
+char *
+obx_xstrdup(const char *s)
 {
 	char *copy = strdup(s);
 
 	if (copy == NULL)
 	{
-		say("FATAL", "out of memory");
+		obx_say("FATAL", "out of memory");
 		exit(1);
 	}
 	return copy;
 }
 
-static void *
-xcalloc(size_t n, size_t size)
+void *
+obx_xcalloc(size_t n, size_t size)
 {
 	void *p = calloc(n > 0 ? n : 1, size);
 
 	if (p == NULL)
 	{
-		say("FATAL", "out of memory");
+		obx_say("FATAL", "out of memory");
 		exit(1);
 	}
 	return p;
 }
 
-/* A growing string, for the statements' array parameters. */
-typedef struct Buf
-{
-	char *data;
-	size_t len;
-	size_t cap;
-} Buf;
-
-static void
-buf_add(Buf *b, const char *s, size_t n)
+void
+obx_buf_add(Buf *b, const char *s, size_t n)
 {
 	if (b->len + n + 1 > b->cap)
 	{
@@ -214,7 +186,7 @@ buf_add(Buf *b, const char *s, size_t n)
 		b->data = realloc(b->data, b->cap);
 		if (b->data == NULL)
 		{
-			say("FATAL", "out of memory");
+			obx_say("FATAL", "out of memory");
 			exit(1);
 		}
 	}
@@ -226,36 +198,36 @@ buf_add(Buf *b, const char *s, size_t n)
 static void
 buf_str(Buf *b, const char *s)
 {
-	buf_add(b, s, strlen(s));
+	obx_buf_add(b, s, strlen(s));
 }
 
 /* An element of an array literal, double-quoted with " and \ escaped. */
 static void
 buf_quoted(Buf *b, const char *s)
 {
-	buf_add(b, "\"", 1);
+	obx_buf_add(b, "\"", 1);
 	for (; *s; s++)
 	{
 		if (*s == '"' || *s == '\\')
-			buf_add(b, "\\", 1);
-		buf_add(b, s, 1);
+			obx_buf_add(b, "\\", 1);
+		obx_buf_add(b, s, 1);
 	}
-	buf_add(b, "\"", 1);
+	obx_buf_add(b, "\"", 1);
 }
 
-static void
-buf_be32(Buf *b, uint32_t v)
+void
+obx_buf_be32(Buf *b, uint32_t v)
 {
 	uint32_t n = htonl(v);
 
-	buf_add(b, (const char *) &n, 4);
+	obx_buf_add(b, (const char *) &n, 4);
 }
 
 static void
 buf_be64(Buf *b, uint64_t v)
 {
-	buf_be32(b, (uint32_t) (v >> 32));
-	buf_be32(b, (uint32_t) v);
+	obx_buf_be32(b, (uint32_t) (v >> 32));
+	obx_buf_be32(b, (uint32_t) v);
 }
 
 /*
@@ -264,36 +236,36 @@ buf_be64(Buf *b, uint64_t v)
  * Parsing 2,000-element array literals cost the server as much as the
  * statements themselves.
  */
-static void
-array_start(Buf *b, uint32_t elem_type, int n)
+void
+obx_array_start(Buf *b, uint32_t elem_type, int n)
 {
-	buf_be32(b, n > 0 ? 1 : 0); /* dimensions: none for an empty array */
-	buf_be32(b, 0);             /* no nulls */
-	buf_be32(b, elem_type);
+	obx_buf_be32(b, n > 0 ? 1 : 0); /* dimensions: none for an empty array */
+	obx_buf_be32(b, 0);             /* no nulls */
+	obx_buf_be32(b, elem_type);
 	if (n == 0)
 		return;
-	buf_be32(b, (uint32_t) n);
-	buf_be32(b, 1); /* lower bound */
+	obx_buf_be32(b, (uint32_t) n);
+	obx_buf_be32(b, 1); /* lower bound */
 }
 
-static void
-array_item(Buf *b, const char *p, size_t len)
+void
+obx_array_item(Buf *b, const char *p, size_t len)
 {
-	buf_be32(b, (uint32_t) len);
-	buf_add(b, p, len);
+	obx_buf_be32(b, (uint32_t) len);
+	obx_buf_add(b, p, len);
 }
 
 static void
 array_item_be32(Buf *b, uint32_t v)
 {
-	buf_be32(b, 4);
-	buf_be32(b, v);
+	obx_buf_be32(b, 4);
+	obx_buf_be32(b, v);
 }
 
 static void
 array_item_be64(Buf *b, uint64_t v)
 {
-	buf_be32(b, 8);
+	obx_buf_be32(b, 8);
 	buf_be64(b, v);
 }
 
@@ -328,8 +300,8 @@ parse_int(const char *name, const char *value, int min, int max, int *out)
 	v = strtol(value, &end, 10);
 	if (errno != 0 || end == value || *end != '\0' || v < min || v > max)
 	{
-		say("ERROR", "setting %s must be a whole number from %d to %d, not \"%s\"",
-			name, min, max, value);
+		obx_say("ERROR", "setting %s must be a whole number from %d to %d, not \"%s\"",
+				name, min, max, value);
 		return false;
 	}
 	*out = (int) v;
@@ -344,27 +316,33 @@ config_set(Config *c, const char *name, const char *value)
 	{
 		if (c->nkafka == MAX_KAFKA_PROPS)
 		{
-			say("ERROR", "more than %d Kafka properties", MAX_KAFKA_PROPS);
+			obx_say("ERROR", "more than %d Kafka properties", MAX_KAFKA_PROPS);
 			return false;
 		}
-		c->kafka_names[c->nkafka] = xstrdup(name + 6);
-		c->kafka_values[c->nkafka++] = xstrdup(value);
+		c->kafka_names[c->nkafka] = obx_xstrdup(name + 6);
+		c->kafka_values[c->nkafka++] = obx_xstrdup(value);
 		return true;
 	}
 	if (strcmp(name, "database") == 0)
 	{
 		if (c->ndatabases == MAX_DATABASES)
 		{
-			say("ERROR", "more than %d databases", MAX_DATABASES);
+			obx_say("ERROR", "more than %d databases", MAX_DATABASES);
 			return false;
 		}
-		c->databases[c->ndatabases++] = xstrdup(value);
+		c->databases[c->ndatabases++] = obx_xstrdup(value);
+		return true;
+	}
+	if (strcmp(name, "subscriptions") == 0)
+	{
+		free(c->subscriptions);
+		c->subscriptions = *value == '\0' ? NULL : obx_xstrdup(value);
 		return true;
 	}
 	if (strcmp(name, "brokers") == 0)
 	{
 		free(c->brokers);
-		c->brokers = xstrdup(value);
+		c->brokers = obx_xstrdup(value);
 		return true;
 	}
 	if (strcmp(name, "quarantine_blocks_key") == 0)
@@ -375,7 +353,7 @@ config_set(Config *c, const char *name, const char *value)
 			c->quarantine_blocks_key = false;
 		else
 		{
-			say("ERROR", "setting quarantine_blocks_key must be on or off, not \"%s\"", value);
+			obx_say("ERROR", "setting quarantine_blocks_key must be on or off, not \"%s\"", value);
 			return false;
 		}
 		return true;
@@ -393,7 +371,7 @@ config_set(Config *c, const char *name, const char *value)
 	INT_SETTING("retention", retention_s, 0, 365 * 24 * 3600);
 	INT_SETTING("relay_id", relay_id, 0, 1000000);
 #undef INT_SETTING
-	say("ERROR", "unknown setting \"%s\"", name);
+	obx_say("ERROR", "unknown setting \"%s\"", name);
 	return false;
 }
 
@@ -430,7 +408,7 @@ config_load(Config *c, const char *path)
 
 		if (f == NULL)
 		{
-			say("ERROR", "could not open settings file \"%s\": %s", path, strerror(errno));
+			obx_say("ERROR", "could not open settings file \"%s\": %s", path, strerror(errno));
 			return false;
 		}
 		while (fgets(line, sizeof(line), f) != NULL)
@@ -446,7 +424,7 @@ config_load(Config *c, const char *path)
 			eq = strchr(name, '=');
 			if (eq == NULL)
 			{
-				say("ERROR", "%s line %d: expected name = value", path, lineno);
+				obx_say("ERROR", "%s line %d: expected name = value", path, lineno);
 				ok = false;
 				continue;
 			}
@@ -493,12 +471,12 @@ config_load(Config *c, const char *path)
 	}
 	if (c->ndatabases == 0)
 	{
-		say("ERROR", "no database: set database (a libpq connection string)");
+		obx_say("ERROR", "no database: set database (a libpq connection string)");
 		ok = false;
 	}
 	if (c->brokers == NULL)
 	{
-		say("ERROR", "no brokers: set brokers (Kafka's bootstrap servers)");
+		obx_say("ERROR", "no brokers: set brokers (Kafka's bootstrap servers)");
 		ok = false;
 	}
 	return ok;
@@ -517,6 +495,7 @@ config_free(Config *c)
 		free(c->kafka_values[i]);
 	}
 	free(c->brokers);
+	free(c->subscriptions);
 	memset(c, 0, sizeof(*c));
 }
 
@@ -524,8 +503,8 @@ config_free(Config *c)
  * Kafka
  * --------------------------------------------------------------------- */
 
-static long long
-now_us(void)
+long long
+obx_now_us(void)
 {
 	struct timeval tv;
 
@@ -547,7 +526,7 @@ delivered(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		ev->outcome = DELIVERED;
 		ev->partition = msg->partition;
 		ev->offset = msg->offset;
-		ev->acked_us = now_us();
+		ev->acked_us = obx_now_us();
 	}
 	else
 	{
@@ -557,14 +536,14 @@ delivered(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 	ev->batch->in_flight--;
 }
 
-static bool
-kafka_set(rd_kafka_conf_t *conf, const char *name, const char *value)
+bool
+obx_kafka_set(rd_kafka_conf_t *conf, const char *name, const char *value)
 {
 	char err[512];
 
 	if (rd_kafka_conf_set(conf, name, value, err, sizeof(err)) != RD_KAFKA_CONF_OK)
 	{
-		say("ERROR", "Kafka property %s: %s", name, err);
+		obx_say("ERROR", "Kafka property %s: %s", name, err);
 		return false;
 	}
 	return true;
@@ -584,18 +563,18 @@ kafka_create(void)
 	int i;
 	bool ok;
 
-	snprintf(timeout, sizeof(timeout), "%d", config.delivery_timeout_ms);
-	ok = kafka_set(conf, "bootstrap.servers", config.brokers) &&
-		 kafka_set(conf, "client.id", "obx-relay") &&
-		 kafka_set(conf, "message.timeout.ms", timeout) &&
-		 kafka_set(conf, "partitioner", "murmur2_random") &&
-		 kafka_set(conf, "linger.ms", "5") &&
-		 kafka_set(conf, "socket.nagle.disable", "true") &&
-		 kafka_set(conf, "reconnect.backoff.ms", "50") &&
-		 kafka_set(conf, "reconnect.backoff.max.ms", "250");
-	for (i = 0; ok && i < config.nkafka; i++)
-		ok = kafka_set(conf, config.kafka_names[i], config.kafka_values[i]);
-	ok = ok && kafka_set(conf, "enable.idempotence", "true") && kafka_set(conf, "acks", "all");
+	snprintf(timeout, sizeof(timeout), "%d", obx_config.delivery_timeout_ms);
+	ok = obx_kafka_set(conf, "bootstrap.servers", obx_config.brokers) &&
+		 obx_kafka_set(conf, "client.id", "obx-relay") &&
+		 obx_kafka_set(conf, "message.timeout.ms", timeout) &&
+		 obx_kafka_set(conf, "partitioner", "murmur2_random") &&
+		 obx_kafka_set(conf, "linger.ms", "5") &&
+		 obx_kafka_set(conf, "socket.nagle.disable", "true") &&
+		 obx_kafka_set(conf, "reconnect.backoff.ms", "50") &&
+		 obx_kafka_set(conf, "reconnect.backoff.max.ms", "250");
+	for (i = 0; ok && i < obx_config.nkafka; i++)
+		ok = obx_kafka_set(conf, obx_config.kafka_names[i], obx_config.kafka_values[i]);
+	ok = ok && obx_kafka_set(conf, "enable.idempotence", "true") && obx_kafka_set(conf, "acks", "all");
 	if (!ok)
 	{
 		rd_kafka_conf_destroy(conf);
@@ -605,7 +584,7 @@ kafka_create(void)
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
 	if (rk == NULL)
 	{
-		say("ERROR", "could not create the Kafka producer: %s", err);
+		obx_say("ERROR", "could not create the Kafka producer: %s", err);
 		return NULL;
 	}
 	return rk;
@@ -638,7 +617,7 @@ learn_topics(rd_kafka_t *rk, Batch *batch)
 			known = strcmp(known_topics[j], topic) == 0;
 		if (known || nknown_topics == MAX_KNOWN_TOPICS)
 			continue;
-		known_topics[nknown_topics++] = xstrdup(topic);
+		known_topics[nknown_topics++] = obx_xstrdup(topic);
 		rkt = rd_kafka_topic_new(rk, topic, NULL);
 		if (rkt == NULL)
 			continue;
@@ -663,7 +642,7 @@ same_key(const Event *a, const Event *b)
 static void
 produce(rd_kafka_t *rk, Batch *batch)
 {
-	Event **refused = xcalloc(batch->nevents, sizeof(Event *));
+	Event **refused = obx_xcalloc(batch->nevents, sizeof(Event *));
 	int nrefused = 0;
 	int i;
 
@@ -754,7 +733,7 @@ statement(const char *name)
 	for (i = 0; i < sizeof(statements) / sizeof(statements[0]); i++)
 		if (strcmp(statements[i].name, name) == 0)
 			return &statements[i];
-	say("FATAL", "no statement %s", name);
+	obx_say("FATAL", "no statement %s", name);
 	exit(1);
 }
 
@@ -773,7 +752,7 @@ run_binary(Database *db, const char *name, const char *const *params, const int 
 
 	if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK)
 	{
-		say("ERROR", "%s failed: %s", name, PQresultErrorMessage(res));
+		obx_say("ERROR", "%s failed: %s", name, PQresultErrorMessage(res));
 		PQclear(res);
 		return NULL;
 	}
@@ -795,7 +774,7 @@ exec(Database *db, const char *sql)
 	bool ok = status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK;
 
 	if (!ok)
-		say("ERROR", "%s: %s", sql, PQresultErrorMessage(res));
+		obx_say("ERROR", "%s: %s", sql, PQresultErrorMessage(res));
 	PQclear(res);
 	return ok;
 }
@@ -806,7 +785,7 @@ disconnect(Database *db, const char *why)
 	if (db->conn == NULL)
 		return;
 	if (why != NULL)
-		say("LOG", "disconnecting from the database (%s); connecting again in 1 s", why);
+		obx_say("LOG", "disconnecting from the database (%s); connecting again in 1 s", why);
 	PQfinish(db->conn);
 	db->conn = NULL;
 	db->retry_at = time(NULL) + 1;
@@ -817,8 +796,8 @@ disconnect(Database *db, const char *why)
  * (OBX_PINNED_SETTINGS), whatever the role or database sets.  One that
  * only a superuser may set must already have its value.
  */
-static bool
-pin_settings(Database *db)
+bool
+obx_pin_session(PGconn *conn)
 {
 	static const char *const pinned[][2] = OBX_PINNED_SETTINGS;
 	size_t i;
@@ -826,23 +805,23 @@ pin_settings(Database *db)
 	for (i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
 	{
 		const char *params[2] = {pinned[i][0], pinned[i][1]};
-		PGresult *res = PQexecParams(db->conn,
+		PGresult *res = PQexecParams(conn,
 									 "SELECT pg_catalog.current_setting($1) = $2"
 									 " OR pg_catalog.set_config($1, $2, false) IS NOT NULL",
 									 2, NULL, params, NULL, NULL, 0);
 		bool ok = PQresultStatus(res) == PGRES_TUPLES_OK && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 
 		if (!ok)
-			say("ERROR", "the relay's sessions need %s = '%s', and this role may not set it: %s",
-				pinned[i][0], pinned[i][1], PQresultErrorMessage(res));
+			obx_say("ERROR", "the relay's sessions need %s = '%s', and this role may not set it: %s",
+					pinned[i][0], pinned[i][1], PQresultErrorMessage(res));
 		PQclear(res);
 		if (!ok)
 			return false;
 	}
 	/* OBX_TOAST_COMPRESSION where the server has it; its default otherwise. */
-	PQclear(PQexec(db->conn, "SELECT pg_catalog.set_config('default_toast_compression', '" OBX_TOAST_COMPRESSION "', false)"
-							 " FROM pg_catalog.pg_settings WHERE name = 'default_toast_compression'"
-							 " AND '" OBX_TOAST_COMPRESSION "' = ANY (enumvals)"));
+	PQclear(PQexec(conn, "SELECT pg_catalog.set_config('default_toast_compression', '" OBX_TOAST_COMPRESSION "', false)"
+						 " FROM pg_catalog.pg_settings WHERE name = 'default_toast_compression'"
+						 " AND '" OBX_TOAST_COMPRESSION "' = ANY (enumvals)"));
 	return true;
 }
 
@@ -863,12 +842,12 @@ connect_db(Database *db)
 	db->conn = PQconnectdbParams(keys, values, 1);
 	if (PQstatus(db->conn) != CONNECTION_OK)
 	{
-		say("ERROR", "could not connect to the database: %s", PQerrorMessage(db->conn));
+		obx_say("ERROR", "could not connect to the database: %s", PQerrorMessage(db->conn));
 		disconnect(db, NULL);
 		db->retry_at = time(NULL) + 1;
 		return false;
 	}
-	if (!pin_settings(db))
+	if (!obx_pin_session(db->conn))
 	{
 		disconnect(db, "its session could not be set up");
 		return false;
@@ -880,8 +859,8 @@ connect_db(Database *db)
 
 		if (PQresultStatus(res) != PGRES_COMMAND_OK)
 		{
-			say("ERROR", "could not prepare %s: %s", statements[i].name,
-				PQresultErrorMessage(res));
+			obx_say("ERROR", "could not prepare %s: %s", statements[i].name,
+					PQresultErrorMessage(res));
 			PQclear(res);
 			disconnect(db, "obx is not installed there, or this role lacks its grants");
 			db->retry_at = time(NULL) + 5;
@@ -889,7 +868,7 @@ connect_db(Database *db)
 		}
 		PQclear(res);
 	}
-	say("LOG", "connected to database \"%s\" as role \"%s\"", PQdb(db->conn), PQuser(db->conn));
+	obx_say("LOG", "connected to database \"%s\" as role \"%s\"", PQdb(db->conn), PQuser(db->conn));
 	return true;
 }
 
@@ -925,15 +904,15 @@ read_headers(Event *ev, const char *p, int len)
 	for (i = 0; i < ndim; i++, p += 8)
 		n *= (int) be32(p);
 	ev->nheaders = n / 2;
-	ev->header_names = xcalloc(ev->nheaders, sizeof(char *));
-	ev->header_values = xcalloc(ev->nheaders, sizeof(char *));
+	ev->header_names = obx_xcalloc(ev->nheaders, sizeof(char *));
+	ev->header_values = obx_xcalloc(ev->nheaders, sizeof(char *));
 	for (i = 0; i < n && p + 4 <= end; i++)
 	{
 		int elen = (int) be32(p);
 		char *s;
 
 		p += 4;
-		s = xcalloc(elen > 0 ? elen + 1 : 1, 1);
+		s = obx_xcalloc(elen > 0 ? elen + 1 : 1, 1);
 		if (elen > 0)
 			memcpy(s, p, elen);
 		p += elen > 0 ? elen : 0;
@@ -973,7 +952,7 @@ take_batch(Batch *batch, PGresult *rows)
 	int n = 0;
 
 	batch->rows = rows;
-	batch->events = xcalloc(nrows, sizeof(Event));
+	batch->events = obx_xcalloc(nrows, sizeof(Event));
 	batch->max_seq = 0;
 	while (n < nrows && bytes < OBX_BATCH_BYTES)
 	{
@@ -1000,7 +979,7 @@ take_batch(Batch *batch, PGresult *rows)
 		n++;
 	}
 	batch->nevents = n;
-	batch->full = nrows >= config.batch_size || n < nrows;
+	batch->full = nrows >= obx_config.batch_size || n < nrows;
 }
 
 /* The lease's arrays of the batch's ids, topics and keys (binary). */
@@ -1009,14 +988,14 @@ lease_arrays(Batch *batch, Buf *ids, Buf *topics, Buf *keys)
 {
 	int i;
 
-	array_start(ids, UUIDOID, batch->nevents);
-	array_start(topics, TEXTOID, batch->nevents);
-	array_start(keys, TEXTOID, batch->nevents);
+	obx_array_start(ids, UUIDOID, batch->nevents);
+	obx_array_start(topics, TEXTOID, batch->nevents);
+	obx_array_start(keys, TEXTOID, batch->nevents);
 	for (i = 0; i < batch->nevents; i++)
 	{
-		array_item(ids, batch->events[i].uuid, 16);
-		array_item(topics, batch->events[i].topic, strlen(batch->events[i].topic));
-		array_item(keys, batch->events[i].key, strlen(batch->events[i].key));
+		obx_array_item(ids, batch->events[i].uuid, 16);
+		obx_array_item(topics, batch->events[i].topic, strlen(batch->events[i].topic));
+		obx_array_item(keys, batch->events[i].key, strlen(batch->events[i].key));
 	}
 }
 
@@ -1066,8 +1045,8 @@ claim_lock_session(Database *db, bool lock)
 	bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
 
 	if (!ok)
-		say("ERROR", "could not %s the claim lock: %s", lock ? "take" : "release",
-			PQresultErrorMessage(res));
+		obx_say("ERROR", "could not %s the claim lock: %s", lock ? "take" : "release",
+				PQresultErrorMessage(res));
 	PQclear(res);
 	return ok;
 }
@@ -1116,12 +1095,12 @@ claim(Database *db, Batch *batch)
 	if ((res = run(db, "obx_tick", NULL, 0)) == NULL)
 		goto done;
 	snprintf(floor, sizeof(floor), "%s", PQgetvalue(res, 0, 0));
-	snap = xstrdup(PQgetvalue(res, 0, 1));
+	snap = obx_xstrdup(PQgetvalue(res, 0, 1));
 	snprintf(tick, sizeof(tick), "%s", PQgetvalue(res, 0, 2));
 	PQclear(res);
-	snprintf(batch_size, sizeof(batch_size), "%d", config.batch_size);
+	snprintf(batch_size, sizeof(batch_size), "%d", obx_config.batch_size);
 	{
-		const char *params[5] = {config.quarantine_blocks_key ? "t" : "f", batch_size, floor,
+		const char *params[5] = {obx_config.quarantine_blocks_key ? "t" : "f", batch_size, floor,
 								 snap, tick};
 
 		if ((rows = run(db, "obx_claim", params, 1)) == NULL)
@@ -1143,12 +1122,12 @@ claim(Database *db, Batch *batch)
 		const char *params[9];
 		int lengths[9] = {0, 0, 0, 0, 0, 0, (int) ids.len, (int) topics.len, (int) keys.len};
 		int formats[9] = {0, 0, 0, 0, 0, 0, 1, 1, 1};
-		char *next_floor = xstrdup(PQgetvalue(res, 0, 0));
-		char *next_snap = xstrdup(PQgetvalue(res, 0, 1));
+		char *next_floor = obx_xstrdup(PQgetvalue(res, 0, 0));
+		char *next_snap = obx_xstrdup(PQgetvalue(res, 0, 1));
 
-		snprintf(lease_s, sizeof(lease_s), "%d", batch->nevents > 0 ? config.lease_timeout_s : 0);
+		snprintf(lease_s, sizeof(lease_s), "%d", batch->nevents > 0 ? obx_config.lease_timeout_s : 0);
 		snprintf(max_seq, sizeof(max_seq), "%lld", batch->max_seq);
-		snprintf(relay_id, sizeof(relay_id), "%d", config.relay_id);
+		snprintf(relay_id, sizeof(relay_id), "%d", obx_config.relay_id);
 		params[0] = lease_id;
 		params[1] = relay_id;
 		params[2] = lease_s;
@@ -1235,7 +1214,7 @@ record_failed(Database *db, Event **failed, int nfailed, const char *lease_id)
 	PQclear(res);
 	if (!live)
 	{
-		say("LOG", "lost the lease of %d failed events before recording them", nfailed);
+		obx_say("LOG", "lost the lease of %d failed events before recording them", nfailed);
 		return true;
 	}
 
@@ -1259,16 +1238,16 @@ record_failed(Database *db, Event **failed, int nfailed, const char *lease_id)
 		buf_quoted(&messages, msg);
 		buf_str(&timed_out, obx_kafka_timed_out(failed[i]->err) ? "t" : "f");
 		if (i < 10)
-			say("WARNING", "could not publish event %s to topic %s: %s", failed[i]->id,
-				failed[i]->topic, msg);
+			obx_say("WARNING", "could not publish event %s to topic %s: %s", failed[i]->id,
+					failed[i]->topic, msg);
 	}
 	buf_str(&classes, "}");
 	buf_str(&messages, "}");
 	buf_str(&timed_out, "}");
 	fids = uuid_literal(failed, nfailed);
-	snprintf(attempts, sizeof(attempts), "%d", config.max_attempts);
-	snprintf(bmin, sizeof(bmin), "%d", config.backoff_min_ms);
-	snprintf(bmax, sizeof(bmax), "%d", config.backoff_max_ms);
+	snprintf(attempts, sizeof(attempts), "%d", obx_config.max_attempts);
+	snprintf(bmin, sizeof(bmin), "%d", obx_config.backoff_min_ms);
+	snprintf(bmax, sizeof(bmax), "%d", obx_config.backoff_max_ms);
 	params[0] = fids;
 	params[1] = attempts;
 	params[2] = bmin;
@@ -1309,13 +1288,13 @@ record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
 	bool ok;
 	int i;
 
-	array_start(&ids, UUIDOID, ndone);
-	array_start(&parts, INT4OID, ndone);
-	array_start(&offsets, INT8OID, ndone);
-	array_start(&acked, TIMESTAMPTZOID, ndone);
+	obx_array_start(&ids, UUIDOID, ndone);
+	obx_array_start(&parts, INT4OID, ndone);
+	obx_array_start(&offsets, INT8OID, ndone);
+	obx_array_start(&acked, TIMESTAMPTZOID, ndone);
 	for (i = 0; i < ndone; i++)
 	{
-		array_item(&ids, done[i]->uuid, 16);
+		obx_array_item(&ids, done[i]->uuid, 16);
 		array_item_be32(&parts, (uint32_t) done[i]->partition);
 		array_item_be64(&offsets, (uint64_t) done[i]->offset);
 		/* timestamptz: microseconds since 2000-01-01 UTC */
@@ -1361,8 +1340,8 @@ record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
 static bool
 record(Database *db, Batch *batch)
 {
-	Event **done = xcalloc(batch->nevents, sizeof(Event *));
-	Event **failed = xcalloc(batch->nevents, sizeof(Event *));
+	Event **done = obx_xcalloc(batch->nevents, sizeof(Event *));
+	Event **failed = obx_xcalloc(batch->nevents, sizeof(Event *));
 	int ndone = 0;
 	int nfailed = 0;
 	char lease_id[32];
@@ -1399,7 +1378,7 @@ renew(Database *db, Batch *batch)
 	PGresult *res;
 
 	snprintf(lease_id, sizeof(lease_id), "%lld", batch->lease_id);
-	snprintf(secs, sizeof(secs), "%d", config.lease_timeout_s);
+	snprintf(secs, sizeof(secs), "%d", obx_config.lease_timeout_s);
 	if ((res = run(db, "obx_renew", params, 0)) != NULL)
 		PQclear(res);
 }
@@ -1412,10 +1391,10 @@ rotate(Database *db)
 	const char *params[1] = {secs};
 	PGresult *res;
 
-	if (config.retention_s == 0 || db->conn == NULL || time(NULL) < db->rotate_at)
+	if (obx_config.retention_s == 0 || db->conn == NULL || time(NULL) < db->rotate_at)
 		return;
 	db->rotate_at = time(NULL) + 10;
-	snprintf(secs, sizeof(secs), "%d", config.retention_s);
+	snprintf(secs, sizeof(secs), "%d", obx_config.retention_s);
 	if ((res = run(db, "obx_rotate", params, 0)) != NULL)
 		PQclear(res);
 }
@@ -1457,10 +1436,10 @@ land(Database *db)
 			continue;
 		if (batch->in_flight > 0)
 		{
-			if (now_us() >= batch->renew_at && db->conn != NULL)
+			if (obx_now_us() >= batch->renew_at && db->conn != NULL)
 			{
 				renew(db, batch);
-				batch->renew_at = now_us() + (long long) config.lease_timeout_s * 1000000 / 3;
+				batch->renew_at = obx_now_us() + (long long) obx_config.lease_timeout_s * 1000000 / 3;
 			}
 			continue;
 		}
@@ -1483,12 +1462,12 @@ static void
 launch(Database *db, rd_kafka_t *rk)
 {
 	Batch *batch = NULL;
-	long long started = now_us();
+	long long started = obx_now_us();
 	int i;
 
 	if (db->nflights >= PIPELINE || started < db->claim_at)
 		return;
-	db->claim_at = started + (long long) config.poll_interval_ms * 1000;
+	db->claim_at = started + (long long) obx_config.poll_interval_ms * 1000;
 	if (!connect_db(db))
 		return;
 	for (i = 0; i < PIPELINE && batch == NULL; i++)
@@ -1506,18 +1485,18 @@ launch(Database *db, rd_kafka_t *rk)
 	if (batch->full)
 		db->claim_at = 0;
 	produce(rk, batch);
-	batch->renew_at = now_us() + (long long) config.lease_timeout_s * 1000000 / 3;
+	batch->renew_at = obx_now_us() + (long long) obx_config.lease_timeout_s * 1000000 / 3;
 }
 
 /* Microseconds until the first database's next claim is due, at most max. */
 static long long
 until_next_claim(Database *dbs, long long max)
 {
-	long long now = now_us();
+	long long now = obx_now_us();
 	long long wait = max;
 	int i;
 
-	for (i = 0; i < config.ndatabases; i++)
+	for (i = 0; i < obx_config.ndatabases; i++)
 	{
 		if (dbs[i].nflights >= PIPELINE)
 			continue;
@@ -1533,7 +1512,7 @@ in_flight(Database *dbs)
 	int n = 0;
 	int i;
 
-	for (i = 0; i < config.ndatabases; i++)
+	for (i = 0; i < obx_config.ndatabases; i++)
 		n += dbs[i].nflights;
 	return n;
 }
@@ -1553,36 +1532,42 @@ run_relay(void)
 	for (;;)
 	{
 		memset(dbs, 0, sizeof(dbs));
-		for (i = 0; i < config.ndatabases; i++)
-			dbs[i].conninfo = config.databases[i];
+		for (i = 0; i < obx_config.ndatabases; i++)
+			dbs[i].conninfo = obx_config.databases[i];
 		rk = kafka_create();
 		if (rk == NULL)
 			return 1;
-		say("LOG", "started: %d database(s), brokers %s", config.ndatabases, config.brokers);
+		obx_say("LOG", "started: %d database(s), brokers %s", obx_config.ndatabases, obx_config.brokers);
 		while ((!stop_requested && !reload_requested) || in_flight(dbs) > 0)
 		{
 			long long wait;
 
-			for (i = 0; i < config.ndatabases; i++)
+			for (i = 0; i < obx_config.ndatabases; i++)
 			{
 				land(&dbs[i]);
 				if (!stop_requested && !reload_requested)
 					launch(&dbs[i], rk);
 				rotate(&dbs[i]);
 			}
-			/* Sleep in librdkafka until a report comes or a claim is due. */
+			obx_consume_serve(stop_requested || reload_requested);
+			/*
+			 * Sleep in librdkafka until a report comes or a claim is due, or
+			 * the subscriptions' consumers are to be polled again.
+			 */
 			wait = stop_requested || reload_requested ? 100000 : until_next_claim(dbs, 100000);
+			wait = obx_consume_wait_us(wait);
 			rd_kafka_poll(rk, (int) ((wait + 999) / 1000));
 		}
-		rd_kafka_flush(rk, config.delivery_timeout_ms);
+		obx_consume_stop();
+		rd_kafka_flush(rk, obx_config.delivery_timeout_ms);
 		rd_kafka_destroy(rk);
 		while (nknown_topics > 0)
 			free(known_topics[--nknown_topics]);
-		for (i = 0; i < config.ndatabases; i++)
+		for (i = 0; i < obx_config.ndatabases; i++)
 			disconnect(&dbs[i], NULL);
 		if (stop_requested)
 		{
-			say("LOG", "stopped");
+			obx_say("LOG", "stopped");
 			return 0;
 		}
 		reload_requested = 0;
@@ -1591,14 +1576,14 @@ run_relay(void)
 
 			if (config_load(&next, config_file))
 			{
-				config_free(&config);
-				config = next;
-				say("LOG", "settings reloaded");
+				config_free(&obx_config);
+				obx_config = next;
+				obx_say("LOG", "settings reloaded");
 			}
 			else
 			{
 				config_free(&next);
-				say("ERROR", "settings not reloaded: the old ones stay");
+				obx_say("ERROR", "settings not reloaded: the old ones stay");
 			}
 		}
 	}
@@ -1623,6 +1608,7 @@ static const char *const grant_checks[][2] = {
 	{"EXECUTE on obx._tick()", "has_function_privilege('obx._tick()', 'EXECUTE')"},
 	{"EXECUTE on obx._hold(uuid[])", "has_function_privilege('obx._hold(uuid[])', 'EXECUTE')"},
 	{"EXECUTE on obx._rotate(float8)", "has_function_privilege('obx._rotate(float8)', 'EXECUTE')"},
+	{"EXECUTE on obx._consume(...)", "has_function_privilege('obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz, integer, integer)', 'EXECUTE')"},
 };
 
 static bool
@@ -1699,11 +1685,11 @@ check_brokers(void)
 	err = rd_kafka_metadata(rk, 0, NULL, &md, 10000);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
-		printf("FAIL  brokers %s: %s\n", config.brokers, rd_kafka_err2str(err));
+		printf("FAIL  brokers %s: %s\n", obx_config.brokers, rd_kafka_err2str(err));
 		rd_kafka_destroy(rk);
 		return false;
 	}
-	printf("ok    brokers %s answer: %d broker(s) in the cluster\n", config.brokers, md->broker_cnt);
+	printf("ok    brokers %s answer: %d broker(s) in the cluster\n", obx_config.brokers, md->broker_cnt);
 	rd_kafka_metadata_destroy(md);
 	rd_kafka_destroy(rk);
 	return true;
@@ -1715,8 +1701,8 @@ check(void)
 	bool ok = true;
 	int i;
 
-	for (i = 0; i < config.ndatabases; i++)
-		ok &= check_database(config.databases[i]);
+	for (i = 0; i < obx_config.ndatabases; i++)
+		ok &= check_database(obx_config.databases[i]);
 	ok &= check_brokers();
 	printf("%s\n", ok ? "obx-relay --check: ok" : "obx-relay --check: FAILED");
 	return ok ? 0 : 1;
@@ -1726,7 +1712,8 @@ static void
 usage(void)
 {
 	fprintf(stderr,
-			"obx-relay publishes obx's outbox to Kafka from outside the database.\n\n"
+			"obx-relay publishes obx's outbox to Kafka from outside the database,\n"
+			"and runs the subscriptions its settings name.\n\n"
 			"Usage: obx-relay [--config FILE] [--check]\n\n"
 			"  --config FILE  settings, one \"name = value\" per line; OBX_RELAY_<NAME>\n"
 			"                 in the environment overrides them\n"
@@ -1753,7 +1740,7 @@ main(int argc, char **argv)
 			return strcmp(argv[i], "--help") == 0 ? 0 : 2;
 		}
 	}
-	if (!config_load(&config, config_file))
+	if (!config_load(&obx_config, config_file))
 		return 2;
 	if (check_only)
 		return check();

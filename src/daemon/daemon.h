@@ -1,0 +1,73 @@
+/*-------------------------------------------------------------------------
+ *
+ * daemon.h
+ *	  What obx-relay's files share: its settings, its log, memory and
+ *	  clock helpers, the binary arrays of statement parameters, and the
+ *	  pinned session settings.  obx_relay.c is the daemon and its relay;
+ *	  consume.c runs its subscriptions.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OBX_DAEMON_H
+#define OBX_DAEMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
+
+#define MAX_DATABASES   16
+#define MAX_KAFKA_PROPS 64
+
+typedef struct Config
+{
+	char *databases[MAX_DATABASES];
+	int ndatabases;
+	char *brokers;
+	char *kafka_names[MAX_KAFKA_PROPS];
+	char *kafka_values[MAX_KAFKA_PROPS];
+	int nkafka;
+	int batch_size;
+	int poll_interval_ms;
+	int lease_timeout_s;
+	int delivery_timeout_ms;
+	int max_attempts;
+	int backoff_min_ms;
+	int backoff_max_ms;
+	bool quarantine_blocks_key;
+	int retention_s;
+	int relay_id;
+	char *subscriptions; /* consumed: NULL none, "*" all, or a list */
+} Config;
+
+extern Config obx_config;
+
+/* A growing string, for the statements' array parameters. */
+typedef struct Buf
+{
+	char *data;
+	size_t len;
+	size_t cap;
+} Buf;
+
+extern void obx_say(const char *level, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+extern char *obx_xstrdup(const char *s);
+extern void *obx_xcalloc(size_t n, size_t size);
+extern long long obx_now_us(void);
+extern bool obx_kafka_set(rd_kafka_conf_t *conf, const char *name, const char *value);
+extern void obx_buf_add(Buf *b, const char *s, size_t n);
+extern void obx_buf_be32(Buf *b, uint32_t v);
+extern void obx_array_start(Buf *b, uint32_t elem_type, int n);
+extern void obx_array_item(Buf *b, const char *p, size_t len);
+extern bool obx_pin_session(PGconn *conn);
+
+/* consume.c: the subscriptions obx-relay runs (obx_config.subscriptions). */
+extern bool obx_consume_enabled(void);
+extern void obx_consume_serve(bool stopping);
+extern long long obx_consume_wait_us(long long max);
+extern void obx_consume_stop(void);
+
+#endif
