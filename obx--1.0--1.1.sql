@@ -1209,7 +1209,7 @@ $$;
 /*
  * What a handler must be for obx-relay to call it: SECURITY DEFINER, owned
  * by the subscription's owner, with a SET search_path clause, executable
- * by that owner and by the caller (the daemon's role).  Outside the
+ * by that owner and by obx_handler_caller (obx._call_handler).  Outside the
  * database no one can switch to the owner the way the consumer workers do
  * (a security-restricted operation), so the function must switch itself.
  * NULL when it is fine, else why not.  See docs/consumers.md, "Consuming
@@ -1231,14 +1231,57 @@ AS $$
 		THEN pg_catalog.format('its handler %s must have a SET search_path clause', fn)
 		WHEN NOT pg_catalog.has_function_privilege(s.owner, fn, 'EXECUTE')
 		THEN pg_catalog.format('the subscription''s owner %s may not execute its handler %s', s.owner, fn)
-		WHEN NOT pg_catalog.has_schema_privilege(p.pronamespace, 'USAGE')
-			 OR NOT pg_catalog.has_function_privilege(fn, 'EXECUTE')
-		THEN pg_catalog.format('role %s needs USAGE on schema %s and EXECUTE on its handler %s (GRANT them to obx_worker)',
-							   current_user, p.pronamespace::regnamespace, fn)
+		WHEN NOT pg_catalog.has_schema_privilege('obx_handler_caller', p.pronamespace, 'USAGE')
+			 OR NOT pg_catalog.has_function_privilege('obx_handler_caller', fn, 'EXECUTE')
+		THEN pg_catalog.format('role obx_handler_caller needs USAGE on schema %s and EXECUTE on its handler %s',
+							   p.pronamespace::regnamespace, fn)
 	END
 	  FROM (SELECT 1) AS one
 	  LEFT JOIN pg_catalog.pg_proc p ON p.oid = fn
 $$;
+
+/*
+ * obx-relay calls a handler through this function, as its owner
+ * obx_handler_caller: a role that can log in to nothing, read nothing and
+ * change nothing.  A handler that meets the rule above runs as its own
+ * owner all the same.  One that a CREATE OR REPLACE turned into SECURITY
+ * INVOKER between that check and the call would run as its caller: here
+ * that is obx_handler_caller, not the daemon's role with obx_worker's
+ * rights, and inside a SECURITY DEFINER function it cannot SET ROLE back.
+ * (obx._consume rolls such a call back as well, see there.)
+ */
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'obx_handler_caller') THEN
+		CREATE ROLE obx_handler_caller NOLOGIN;
+	END IF;
+	/* To give it the function below (a superuser need not be a member). */
+	IF NOT pg_catalog.pg_has_role('obx_handler_caller', 'MEMBER') THEN
+		EXECUTE pg_catalog.format('GRANT obx_handler_caller TO %I', current_user);
+	END IF;
+END
+$$;
+
+CREATE FUNCTION obx._call_handler(fn regprocedure, ev obx.inbound_event)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	call text;
+BEGIN
+	SELECT pg_catalog.format('SELECT %I.%I($1)', n.nspname, p.proname) INTO STRICT call
+	  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+	 WHERE p.oid = fn;
+	EXECUTE call USING ev;
+END
+$$;
+/* A new owner needs CREATE on the schema, unless a superuser gives it. */
+GRANT CREATE ON SCHEMA obx TO obx_handler_caller;
+ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) OWNER TO obx_handler_caller;
+REVOKE CREATE ON SCHEMA obx FROM obx_handler_caller;
+REVOKE ALL ON FUNCTION obx._call_handler(regprocedure, obx.inbound_event) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION obx._call_handler(regprocedure, obx.inbound_event) TO obx_worker;
 
 /*
  * One Kafka message of a subscription, applied in the caller's
@@ -1281,7 +1324,6 @@ DECLARE
 	transient boolean;
 	problem text;
 	max_attempts integer;
-	call text;
 	version xid;
 BEGIN
 	SELECT * INTO s FROM obx.subscriptions x WHERE x.consumer_name = _consume.consumer_name;
@@ -1398,9 +1440,7 @@ BEGIN
 	END IF;
 
 	IF result IS NULL AND malformed IS NULL THEN
-		SELECT format('SELECT %I.%I($1)', n.nspname, p.proname), p.xmin INTO call, version
-		  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-		 WHERE p.oid = fn;
+		SELECT p.xmin INTO version FROM pg_catalog.pg_proc p WHERE p.oid = fn;
 		BEGIN
 			/* The mark and the handler's work: all or nothing (inbox.c). */
 			INSERT INTO obx.processed_events AS p (consumer_name, event_id)
@@ -1408,7 +1448,7 @@ BEGIN
 			IF NOT FOUND THEN
 				result := 'duplicate';
 			ELSE
-				EXECUTE call USING ev;
+				PERFORM obx._call_handler(fn, ev);
 				result := 'processed';
 			END IF;
 		EXCEPTION WHEN others THEN

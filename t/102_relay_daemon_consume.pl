@@ -10,6 +10,9 @@
 #   owner (with a SET search_path) is never called: the partition waits,
 #   obx.consumer_status says why, nothing is marked; once the subscription
 #   names a handler that meets the rule, the waiting event is applied;
+# - the daemon calls handlers as obx_handler_caller, a role with no rights:
+#   a handler turned SECURITY INVOKER after the check reads nothing of
+#   obx's and cannot RESET ROLE to the daemon's role;
 # - every event published reaches the handler exactly once (sets of event
 #   ids), run as the subscription's owner (current_user), not the daemon's
 #   role;
@@ -185,13 +188,50 @@ subscribe_as($consumer, 'shop.reserve(obx.inbound_event)');
 ok($node->poll_query_until('postgres', qq{
 	SELECT count(*) = 1 FROM obx.consumer_status
 	 WHERE consumer_name = '$consumer' AND last_error LIKE
-	   '%role relay needs USAGE on schema shop and EXECUTE on its handler shop.reserve(obx.inbound_event)%'}),
+	   '%role obx_handler_caller needs USAGE on schema shop and EXECUTE on its handler shop.reserve(obx.inbound_event)%'}),
 	'a handler in a schema the daemon may not use: obx.consumer_status says why');
 is(q1('SELECT count(*) FROM shop.effects'), '0', 'still no handler called');
 is(q1('SELECT count(*) FROM obx.dead_letters'), '0', 'and nothing dead-lettered');
-q1('SET ROLE inventory; GRANT USAGE ON SCHEMA shop TO obx_worker');
+q1('SET ROLE inventory; GRANT USAGE ON SCHEMA shop TO obx_handler_caller');
 caught_up('after the subscription names a handler that meets the rule');
 is_deeply(effects(), { $first => 1 }, 'the event that waited is applied once');
+
+# The daemon calls a handler through obx._call_handler, as the rights-less
+# obx_handler_caller: a handler a CREATE OR REPLACE made SECURITY INVOKER
+# between obx._daemon_handler_problem and the call (a race obx._consume
+# cannot close) runs as that role, not with the daemon's rights.  The spy
+# reports what it could do; run by the daemon's role directly, it could.
+q1(q{SET ROLE inventory;
+	CREATE FUNCTION shop.spy(e obx.inbound_event) RETURNS void
+	LANGUAGE plpgsql SET search_path = pg_catalog AS $$
+	DECLARE
+		r text;
+	BEGIN
+		BEGIN
+			PERFORM count(*) FROM obx.events;
+			r := 'read the outbox';
+		EXCEPTION WHEN insufficient_privilege THEN
+			r := 'outbox denied';
+		END;
+		BEGIN
+			RESET ROLE;
+			r := r || ', RESET ROLE to ' || current_user;
+		EXCEPTION WHEN insufficient_privilege THEN
+			r := r || ', RESET ROLE denied';
+		END;
+		RAISE EXCEPTION 'spy: % as %', r, current_user;
+	END $$;
+	GRANT USAGE ON SCHEMA shop TO relay;});
+my (undef, undef, $direct) = $node->psql('postgres',
+	'SELECT shop.spy(NULL::obx.inbound_event)', extra_params => [ '-U', 'relay' ]);
+like($direct, qr/spy: read the outbox, RESET ROLE to relay as relay/,
+	'the spy called by the daemon\'s role itself reads the outbox');
+my (undef, undef, $wrapped) = $node->psql('postgres',
+	q{SELECT obx._call_handler('shop.spy(obx.inbound_event)', NULL::obx.inbound_event)},
+	extra_params => [ '-U', 'relay' ]);
+like($wrapped, qr/spy: outbox denied, RESET ROLE denied as obx_handler_caller/,
+	'called as the daemon calls handlers, it runs as obx_handler_caller: no outbox, no way back');
+q1('SET ROLE inventory; REVOKE USAGE ON SCHEMA shop FROM relay; DROP FUNCTION shop.spy');
 
 ############################################################################
 # Exactly once, as the owner; a held partition; a poison event.

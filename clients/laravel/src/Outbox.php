@@ -171,7 +171,7 @@ class Outbox
      * Installs obx from $sqlFile, the SQL-only install (obx-sql-only.sql,
      * from `make obx-sql-only.sql`) for a PostgreSQL that cannot load obx's
      * library: once per database, as its owner (which needs CREATEROLE if
-     * the role obx_worker does not exist yet).  Inside a transaction, such
+     * the roles obx_worker and obx_handler_caller do not exist yet).  Inside a transaction, such
      * as a migration's, it runs without the file's BEGIN and COMMIT, which
      * would commit that transaction half way, and is all or nothing with
      * it; outside one the file is its own transaction.
