@@ -192,7 +192,15 @@ ok($node->poll_query_until('postgres', qq{
 	'a handler in a schema the daemon may not use: obx.consumer_status says why');
 is(q1('SELECT count(*) FROM shop.effects'), '0', 'still no handler called');
 is(q1('SELECT count(*) FROM obx.dead_letters'), '0', 'and nothing dead-lettered');
+my ($status, $out) = relay_check($config);
+isnt($status, 0, 'obx-relay --check fails while a subscription cannot be served');
+like($out, qr/FAIL  subscription "$consumer": role obx_handler_caller needs USAGE on schema shop/,
+	'--check says which subscription and why');
 q1('SET ROLE inventory; GRANT USAGE ON SCHEMA shop TO obx_handler_caller');
+($status, $out) = relay_check($config);
+like($out, qr/ok    subscription "$consumer": its handler may be called/,
+	'--check passes the subscription once its handler may be called');
+is($status, 0, 'obx-relay --check: ok') or diag($out);
 caught_up('after the subscription names a handler that meets the rule');
 is_deeply(effects(), { $first => 1 }, 'the event that waited is applied once');
 

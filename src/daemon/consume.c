@@ -138,6 +138,48 @@ wanted(const char *name)
 	return false;
 }
 
+/*
+ * obx_consume_check
+ *		For --check: whether each subscription this daemon runs in the
+ *		database of conn has a handler it may call
+ *		(obx._daemon_handler_problem); one line each.
+ */
+bool
+obx_consume_check(PGconn *conn)
+{
+	PGresult *res;
+	bool ok = true;
+	int i;
+
+	if (!obx_consume_enabled())
+		return true;
+	res = PQexec(conn, "SELECT s.consumer_name,"
+					   "       obx._daemon_handler_problem(s, obx._handler(s))"
+					   "  FROM obx.subscriptions s ORDER BY 1");
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		printf("FAIL  the subscriptions cannot be read: %s", PQresultErrorMessage(res));
+		PQclear(res);
+		return false;
+	}
+	for (i = 0; i < PQntuples(res); i++)
+	{
+		const char *name = PQgetvalue(res, i, 0);
+
+		if (!wanted(name))
+			continue;
+		if (PQgetisnull(res, i, 1))
+			printf("ok    subscription \"%s\": its handler may be called\n", name);
+		else
+		{
+			printf("FAIL  subscription \"%s\": %s\n", name, PQgetvalue(res, i, 1));
+			ok = false;
+		}
+	}
+	PQclear(res);
+	return ok;
+}
+
 /* A session for the consumer: the relay's pinned settings. */
 static PGconn *
 connect_session(int db, const char *what)

@@ -69,5 +69,6 @@ extern bool obx_consume_enabled(void);
 extern void obx_consume_serve(bool stopping);
 extern long long obx_consume_wait_us(long long max);
 extern void obx_consume_stop(void);
+extern bool obx_consume_check(PGconn *conn);
 
 #endif

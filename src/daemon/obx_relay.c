@@ -1609,6 +1609,7 @@ static const char *const grant_checks[][2] = {
 	{"EXECUTE on obx._hold(uuid[])", "has_function_privilege('obx._hold(uuid[])', 'EXECUTE')"},
 	{"EXECUTE on obx._rotate(float8)", "has_function_privilege('obx._rotate(float8)', 'EXECUTE')"},
 	{"EXECUTE on obx._consume(...)", "has_function_privilege('obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz, integer, integer)', 'EXECUTE')"},
+	{"EXECUTE on obx._call_handler(...)", "has_function_privilege('obx._call_handler(regprocedure, obx.inbound_event)', 'EXECUTE')"},
 };
 
 static bool
@@ -1665,6 +1666,7 @@ check_database(const char *conninfo)
 	}
 	if (ok)
 		printf("ok    role \"%s\" holds every grant the relay needs\n", PQuser(conn));
+	ok &= obx_consume_check(conn);
 	PQfinish(conn);
 	return ok;
 }
