@@ -1255,10 +1255,6 @@ BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'obx_handler_caller') THEN
 		CREATE ROLE obx_handler_caller NOLOGIN;
 	END IF;
-	/* To give it the function below (a superuser need not be a member). */
-	IF NOT pg_catalog.pg_has_role('obx_handler_caller', 'MEMBER') THEN
-		EXECUTE pg_catalog.format('GRANT obx_handler_caller TO %I', current_user);
-	END IF;
 END
 $$;
 
@@ -1276,12 +1272,31 @@ BEGIN
 	EXECUTE call USING ev;
 END
 $$;
-/* A new owner needs CREATE on the schema, unless a superuser gives it. */
-GRANT CREATE ON SCHEMA obx TO obx_handler_caller;
-ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) OWNER TO obx_handler_caller;
-REVOKE CREATE ON SCHEMA obx FROM obx_handler_caller;
 REVOKE ALL ON FUNCTION obx._call_handler(regprocedure, obx.inbound_event) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION obx._call_handler(regprocedure, obx.inbound_event) TO obx_worker;
+
+/*
+ * Its privileges are set first: once it is obx_handler_caller's, its
+ * former owner may no longer change them.  Unless a superuser gives it,
+ * the giver must be a member of the new owner (for as long as it takes: a
+ * member would inherit the USAGE subscribers grant it), and the new owner
+ * needs CREATE on the schema.
+ */
+DO $$
+DECLARE
+	lent boolean := NOT pg_catalog.pg_has_role('obx_handler_caller', 'MEMBER');
+BEGIN
+	IF lent THEN
+		EXECUTE pg_catalog.format('GRANT obx_handler_caller TO %I', current_user);
+	END IF;
+	GRANT CREATE ON SCHEMA obx TO obx_handler_caller;
+	ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) OWNER TO obx_handler_caller;
+	REVOKE CREATE ON SCHEMA obx FROM obx_handler_caller;
+	IF lent THEN
+		EXECUTE pg_catalog.format('REVOKE obx_handler_caller FROM %I', current_user);
+	END IF;
+END
+$$;
 
 /*
  * One Kafka message of a subscription, applied in the caller's
