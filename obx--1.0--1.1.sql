@@ -1284,8 +1284,14 @@ GRANT EXECUTE ON FUNCTION obx._call_handler(regprocedure, obx.inbound_event) TO 
  */
 DO $$
 DECLARE
-	lent boolean := NOT pg_catalog.pg_has_role('obx_handler_caller', 'MEMBER');
+	lent boolean;
 BEGIN
+	/* From 16 on a member may lack SET (a CREATEROLE creator holds ADMIN only). */
+	IF pg_catalog.current_setting('server_version_num')::integer >= 160000 THEN
+		lent := NOT pg_catalog.pg_has_role('obx_handler_caller', 'SET');
+	ELSE
+		lent := NOT pg_catalog.pg_has_role('obx_handler_caller', 'MEMBER');
+	END IF;
 	IF lent THEN
 		EXECUTE pg_catalog.format('GRANT obx_handler_caller TO %I', current_user);
 	END IF;

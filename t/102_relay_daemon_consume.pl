@@ -57,11 +57,11 @@ my $node = sql_only_node('daemon_consume');
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
-# The install gave obx._call_handler to obx_handler_caller without keeping
-# a membership in it (which would inherit what subscribers grant it).
-is(q1(q{SELECT p.proowner::regrole || ' ' || pg_has_role('shop_owner', 'obx_handler_caller', 'MEMBER')
+# The install gave obx._call_handler to obx_handler_caller and kept no
+# membership that inherits its rights (what subscribers grant it).
+is(q1(q{SELECT p.proowner::regrole || ' ' || pg_has_role('shop_owner', 'obx_handler_caller', 'USAGE')
 		  FROM pg_proc p WHERE p.oid = 'obx._call_handler(regprocedure, obx.inbound_event)'::regprocedure}),
-	'obx_handler_caller false', 'obx._call_handler is obx_handler_caller\'s; the installer is no member of it');
+	'obx_handler_caller false', 'obx._call_handler is obx_handler_caller\'s; the installer does not hold its rights');
 
 # The subscriber: owns the schema of its handlers and effects.  obx's
 # owner (shop_owner) needs USAGE on it to subscribe a handler there
