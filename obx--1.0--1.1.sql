@@ -1435,22 +1435,7 @@ BEGIN
 		code := '57014';
 		msg := format('obx handler %s ran longer than its timeout of %s ms and was cancelled',
 					  s.handler, timed_out_ms);
-		INSERT INTO obx.processed_events AS p (consumer_name, event_id)
-		VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
-		IF NOT FOUND THEN
-			result := 'duplicate';
-		ELSE
-			result := 'dead letter';
-			error := code || ': ' || msg;
-			INSERT INTO obx.dead_letters AS d
-				(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
-				 event_type, headers, payload, raw_payload, kafka_timestamp, error_class,
-				 error_sqlstate, error_message)
-			VALUES (_consume.consumer_name, ev.event_id, ev.topic, ev.kafka_partition,
-					ev.kafka_offset, ev.event_key, ev.event_type, ev.headers, ev.payload,
-					NULL, ev.kafka_timestamp, 'handler', code, msg)
-			ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING;
-		END IF;
+		result := 'dead letter';
 	ELSE
 		fn := obx._handler(s);
 		problem := obx._daemon_handler_problem(s, fn);
@@ -1493,24 +1478,32 @@ BEGIN
 					msg := format('%s (attempt %s of max_attempts %s)', msg,
 								  handler_failures + 1, max_attempts);
 				END IF;
-				INSERT INTO obx.processed_events AS p (consumer_name, event_id)
-				VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
-				IF NOT FOUND THEN
-					result := 'duplicate';
-				ELSE
-					result := 'dead letter';
-					error := code || ': ' || msg;
-					INSERT INTO obx.dead_letters AS d
-						(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
-						 event_type, headers, payload, raw_payload, kafka_timestamp, error_class,
-						 error_sqlstate, error_message)
-					VALUES (_consume.consumer_name, ev.event_id, ev.topic, ev.kafka_partition,
-							ev.kafka_offset, ev.event_key, ev.event_type, ev.headers, ev.payload,
-							NULL, ev.kafka_timestamp, 'handler', code, msg)
-					ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING;
-				END IF;
+				result := 'dead letter';
 			END IF;
 		END;
+	END IF;
+
+	/*
+	 * A handler's error or timeout: the mark (the handler's own was rolled
+	 * back with it, or never made) and the dead letter, unless the event
+	 * was marked meanwhile.
+	 */
+	IF result = 'dead letter' AND malformed IS NULL THEN
+		INSERT INTO obx.processed_events AS p (consumer_name, event_id)
+		VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
+		IF NOT FOUND THEN
+			result := 'duplicate';
+		ELSE
+			error := code || ': ' || msg;
+			INSERT INTO obx.dead_letters AS d
+				(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
+				 event_type, headers, payload, raw_payload, kafka_timestamp, error_class,
+				 error_sqlstate, error_message)
+			VALUES (_consume.consumer_name, ev.event_id, ev.topic, ev.kafka_partition,
+					ev.kafka_offset, ev.event_key, ev.event_type, ev.headers, ev.payload,
+					NULL, ev.kafka_timestamp, 'handler', code, msg)
+			ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING;
+		END IF;
 	END IF;
 
 	/*
