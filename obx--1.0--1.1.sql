@@ -1221,6 +1221,10 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 	SELECT CASE
+		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc w
+						  WHERE w.oid = pg_catalog.to_regprocedure('obx._call_handler(regprocedure, obx.inbound_event)')
+							AND w.prosecdef AND pg_catalog.pg_get_userbyid(w.proowner) = 'obx_handler_caller')
+		THEN 'obx._call_handler is not a SECURITY DEFINER function of role obx_handler_caller, which the install could not give it (see its warning)'
 		WHEN p.oid IS NULL
 		THEN coalesce(obx._subscription_problem(s), 'its handler no longer exists')
 		WHEN NOT p.prosecdef OR p.proowner <> s.owner
@@ -1260,7 +1264,7 @@ $$;
 
 CREATE FUNCTION obx._call_handler(fn regprocedure, ev obx.inbound_event)
 RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -1276,11 +1280,16 @@ REVOKE ALL ON FUNCTION obx._call_handler(regprocedure, obx.inbound_event) FROM P
 GRANT EXECUTE ON FUNCTION obx._call_handler(regprocedure, obx.inbound_event) TO obx_worker;
 
 /*
- * Its privileges are set first: once it is obx_handler_caller's, its
- * former owner may no longer change them.  Unless a superuser gives it,
- * the giver must be a member of the new owner (for as long as it takes: a
- * member would inherit the USAGE subscribers grant it), and the new owner
- * needs CREATE on the schema.
+ * It becomes obx_handler_caller's, and only then SECURITY DEFINER: never
+ * a SECURITY DEFINER function of the installer's, which would run a
+ * handler as obx's owner.  Its privileges are set first: once it is
+ * obx_handler_caller's, its former owner may no longer change them.
+ * Unless a superuser gives it, the giver must be able to SET ROLE to the
+ * new owner (for as long as it takes: a member would inherit the USAGE
+ * subscribers grant it), and the new owner needs CREATE on the schema.
+ * An installer that cannot (obx_handler_caller made by another role, no
+ * CREATEROLE) leaves it as it is, and obx-relay runs no subscription in
+ * this database until it is given (obx._daemon_handler_problem).
  */
 DO $$
 DECLARE
@@ -1292,15 +1301,24 @@ BEGIN
 	ELSE
 		lent := NOT pg_catalog.pg_has_role('obx_handler_caller', 'MEMBER');
 	END IF;
-	IF lent THEN
-		EXECUTE pg_catalog.format('GRANT obx_handler_caller TO %I', current_user);
-	END IF;
-	GRANT CREATE ON SCHEMA obx TO obx_handler_caller;
-	ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) OWNER TO obx_handler_caller;
-	REVOKE CREATE ON SCHEMA obx FROM obx_handler_caller;
-	IF lent THEN
-		EXECUTE pg_catalog.format('REVOKE obx_handler_caller FROM %I', current_user);
-	END IF;
+	BEGIN
+		IF lent THEN
+			EXECUTE pg_catalog.format('GRANT obx_handler_caller TO %I', current_user);
+		END IF;
+		GRANT CREATE ON SCHEMA obx TO obx_handler_caller;
+		ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) OWNER TO obx_handler_caller;
+		ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) SECURITY DEFINER;
+		REVOKE CREATE ON SCHEMA obx FROM obx_handler_caller;
+		IF lent THEN
+			EXECUTE pg_catalog.format('REVOKE obx_handler_caller FROM %I', current_user);
+		END IF;
+	EXCEPTION WHEN insufficient_privilege THEN
+		RAISE WARNING 'obx-relay will run no subscription in database "%": role "%" could not give obx._call_handler to role obx_handler_caller',
+			pg_catalog.current_database(), current_user
+			USING HINT = 'Once, as a superuser or a role that may SET ROLE obx_handler_caller: '
+						 'ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) OWNER TO obx_handler_caller; '
+						 'ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) SECURITY DEFINER;';
+	END;
 END
 $$;
 
