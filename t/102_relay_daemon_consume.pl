@@ -36,7 +36,10 @@
 #   malformed with its bytes;
 # - handler_timeout_ms: a handler past it is cancelled, its message
 #   dead-lettered (57014), and the next one of its key applied;
-# - SIGTERM stops the daemon with exit status 0.
+# - SIGTERM stops the daemon with exit status 0;
+# - an owner that may not SET ROLE obx_handler_caller installs with a
+#   warning, obx._call_handler stays its SECURITY INVOKER function, and
+#   every subscription of that database is refused.
 use strict;
 use warnings;
 
@@ -379,5 +382,26 @@ is(q1(qq{SELECT error_class || '|' || error_sqlstate || '|' || error_message
 is_deeply(effects(), { map { $_ => 1 } @ids },
 	'the slow event had no effect, the next one of its key was applied');
 is(stop_relay($relay), 0, 'SIGTERM stops the daemon with exit status 0');
+
+############################################################################
+# An owner that may not SET ROLE obx_handler_caller (made by shop_owner
+# above) installs all the same, with a warning; obx._call_handler is then
+# no SECURITY DEFINER function of its own (it would run handlers as obx's
+# owner), and the daemon would call no handler in that database.
+############################################################################
+q1(q{CREATE ROLE plain_owner LOGIN; CREATE DATABASE plain OWNER plain_owner});
+my $file = $ENV{OBX_SQL_ONLY} || 'obx-sql-only.sql';
+my ($rc, $stdout, $stderr) = $node->psql('plain', undef,
+	extra_params => [ '-X', '-v', 'ON_ERROR_STOP=1', '-U', 'plain_owner', '-f', $file ]);
+is($rc, 0, 'an owner without CREATEROLE installs in a cluster where obx_handler_caller exists');
+like($stderr, qr/WARNING:  obx-relay will run no subscription in database "plain"/,
+	'with a warning that says what is missing');
+is($node->safe_psql('plain', q{
+	SELECT pg_get_userbyid(p.proowner) || ' ' || p.prosecdef
+	  FROM pg_proc p WHERE p.oid = 'obx._call_handler(regprocedure, obx.inbound_event)'::regprocedure}),
+	'plain_owner false', 'obx._call_handler stays the installer\'s and runs as its caller');
+like($node->safe_psql('plain', 'SELECT obx._daemon_handler_problem(NULL, NULL)', extra_params => [ '-U', 'plain_owner' ]),
+	qr/^obx\._call_handler is not a SECURITY DEFINER function of role obx_handler_caller/,
+	'every subscription there is refused, and says why');
 
 done_testing();
