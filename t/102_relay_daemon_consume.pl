@@ -94,6 +94,8 @@ q1(q{
 			RAISE EXCEPTION 'poison event %', e.event_id USING ERRCODE = '23514';
 		END IF;
 		IF coalesce(e.payload->>'sleep', '') = 'true' THEN
+			-- Not a wait of the test: a handler that outlives its
+			-- handler_timeout_ms (1 s below) and must be cancelled.
 			PERFORM pg_sleep(30);
 		END IF;
 		IF coalesce(e.payload->>'gate', '') = 'hold' THEN
