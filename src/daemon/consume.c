@@ -37,13 +37,6 @@
 
 #include "daemon.h"
 
-#define TEXTOID      25
-#define INT4OID      23
-#define INT8OID      20
-#define BYTEAOID     17
-#define TEXTARRAYOID 1009
-#define TSTZOID      1184
-
 /* Messages applied per subscription before the next one gets a turn. */
 #define TURN_MESSAGES 200
 /* How often the subscriptions are read again, and the longest nap. */
@@ -99,7 +92,7 @@ static const char *consume_sql =
 	"SELECT c.result, c.error FROM obx._consume($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) c";
 
 static const Oid consume_types[11] = {TEXTOID, TEXTOID, INT4OID, INT8OID, TEXTOID,
-									  TEXTARRAYOID, TEXTARRAYOID, BYTEAOID, TSTZOID,
+									  TEXTARRAYOID, TEXTARRAYOID, BYTEAOID, TIMESTAMPTZOID,
 									  INT4OID, INT4OID};
 
 bool

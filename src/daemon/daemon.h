@@ -2,8 +2,8 @@
  *
  * daemon.h
  *	  What obx-relay's files share: its settings, its log, memory and
- *	  clock helpers, the binary arrays of statement parameters, and the
- *	  pinned session settings.  obx_relay.c is the daemon and its relay;
+ *	  clock helpers, the type oids and binary arrays of statement
+ *	  parameters, and the pinned session settings.  obx_relay.c is the daemon and its relay;
  *	  consume.c runs its subscriptions.
  *
  *-------------------------------------------------------------------------
@@ -20,6 +20,23 @@
 
 #define MAX_DATABASES   16
 #define MAX_KAFKA_PROPS 64
+
+/* Type oids of the statements' parameters (libpq has no catalog headers). */
+#define BOOLOID        16
+#define BYTEAOID       17
+#define INT8OID        20
+#define INT4OID        23
+#define TEXTOID        25
+#define FLOAT8OID      701
+#define BOOLARRAYOID   1000
+#define INT4ARRAYOID   1007
+#define TEXTARRAYOID   1009
+#define INT8ARRAYOID   1016
+#define TIMESTAMPTZOID 1184
+#define TSTZARRAYOID   1185
+#define UUIDOID        2950
+#define UUIDARRAYOID   2951
+#define PGSNAPSHOTOID  5038
 
 typedef struct Config
 {

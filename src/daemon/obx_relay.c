@@ -56,22 +56,6 @@
 /* Seconds from the Unix epoch to PostgreSQL's (2000-01-01). */
 #define PG_EPOCH_OFFSET 946684800LL
 
-/* Type oids of the statements' parameters. */
-#define BOOLOID        16
-#define INT8OID        20
-#define INT4OID        23
-#define TEXTOID        25
-#define FLOAT8OID      701
-#define BOOLARRAYOID   1000
-#define INT4ARRAYOID   1007
-#define TEXTARRAYOID   1009
-#define INT8ARRAYOID   1016
-#define TIMESTAMPTZOID 1184
-#define TSTZARRAYOID   1185
-#define UUIDOID        2950
-#define UUIDARRAYOID   2951
-#define PGSNAPSHOTOID  5038
-
 typedef enum Outcome
 {
 	UNSENT = 0,
