@@ -173,31 +173,6 @@ obx_consume_check(PGconn *conn)
 	return ok;
 }
 
-/* A session for the consumer: the relay's pinned settings. */
-static PGconn *
-connect_session(int db, const char *what)
-{
-	const char *keys[] = {"application_name", "keepalives_idle", "keepalives_interval",
-						  "keepalives_count", "dbname", NULL};
-	const char *values[] = {"obx-relay consumer", "10", "5", "3", obx_config.databases[db],
-							NULL};
-	PGconn *conn = PQconnectdbParams(keys, values, 1);
-
-	if (PQstatus(conn) != CONNECTION_OK)
-	{
-		obx_say("ERROR", "%s: could not connect to the database: %s", what,
-				PQerrorMessage(conn));
-		PQfinish(conn);
-		return NULL;
-	}
-	if (!obx_pin_session(conn))
-	{
-		PQfinish(conn);
-		return NULL;
-	}
-	return conn;
-}
-
 /* ---------------------------------------------------------------------
  * Held partitions (src/consumer/held.c)
  * --------------------------------------------------------------------- */
@@ -705,7 +680,7 @@ sub_connect(Sub *s)
 	if (obx_now_us() < s->retry_at)
 		return false;
 	s->retry_at = obx_now_us() + 1000000;
-	s->conn = connect_session(s->db, s->name);
+	s->conn = obx_session_open(obx_config.databases[s->db], "obx-relay consumer", s->name);
 	if (s->conn == NULL)
 		return false;
 	res = PQprepare(s->conn, "obx_consume", consume_sql, 11, consume_types);
@@ -802,7 +777,8 @@ refresh_db(int db)
 		if (obx_now_us() < control_retry_at[db])
 			return false;
 		control_retry_at[db] = obx_now_us() + 1000000;
-		control[db] = connect_session(db, "subscriptions");
+		control[db] = obx_session_open(obx_config.databases[db], "obx-relay consumer",
+									   "subscriptions");
 		if (control[db] == NULL)
 			return false;
 	}

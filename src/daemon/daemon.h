@@ -3,8 +3,9 @@
  * daemon.h
  *	  What obx-relay's files share: its settings, its log, memory and
  *	  clock helpers, the type oids and binary arrays of statement
- *	  parameters, and the pinned session settings.  obx_relay.c is the daemon and its relay;
- *	  consume.c runs its subscriptions.
+ *	  parameters, and the opening of a session with the pinned settings.
+ *	  obx_relay.c is the daemon and its relay; consume.c runs its
+ *	  subscriptions.
  *
  *-------------------------------------------------------------------------
  */
@@ -79,7 +80,8 @@ extern void obx_buf_add(Buf *b, const char *s, size_t n);
 extern void obx_buf_be32(Buf *b, uint32_t v);
 extern void obx_array_start(Buf *b, uint32_t elem_type, int n);
 extern void obx_array_item(Buf *b, const char *p, size_t len);
-extern bool obx_pin_session(PGconn *conn);
+extern PGconn *obx_session_open(const char *conninfo, const char *application_name,
+								const char *what);
 
 /* consume.c: the subscriptions obx-relay runs (obx_config.subscriptions). */
 extern bool obx_consume_enabled(void);

@@ -780,8 +780,8 @@ disconnect(Database *db, const char *why)
  * (OBX_PINNED_SETTINGS), whatever the role or database sets.  One that
  * only a superuser may set must already have its value.
  */
-bool
-obx_pin_session(PGconn *conn)
+static bool
+pin_session(PGconn *conn)
 {
 	static const char *const pinned[][2] = OBX_PINNED_SETTINGS;
 	size_t i;
@@ -809,31 +809,50 @@ obx_pin_session(PGconn *conn)
 	return true;
 }
 
+/*
+ * A session of obx-relay's on conninfo (a database setting), named
+ * application_name, with keepalives (a dead peer is noticed) and the
+ * pinned settings; the connection string may override all but the
+ * latter.  NULL, having said why, if not now; what (NULL: none) starts
+ * the message.
+ */
+PGconn *
+obx_session_open(const char *conninfo, const char *application_name, const char *what)
+{
+	const char *keys[] = {"application_name", "keepalives_idle", "keepalives_interval",
+						  "keepalives_count", "dbname", NULL};
+	const char *values[] = {application_name, "10", "5", "3", conninfo, NULL};
+	PGconn *conn = PQconnectdbParams(keys, values, 1);
+
+	if (PQstatus(conn) != CONNECTION_OK)
+	{
+		obx_say("ERROR", "%s%scould not connect to the database: %s", what ? what : "",
+				what ? ": " : "", PQerrorMessage(conn));
+		PQfinish(conn);
+		return NULL;
+	}
+	if (!pin_session(conn))
+	{
+		PQfinish(conn);
+		return NULL;
+	}
+	return conn;
+}
+
 /* Connect and prepare the statements; false (said why) if not now. */
 static bool
 connect_db(Database *db)
 {
-	/* The connection string may override these; a dead peer is noticed. */
-	const char *keys[] = {"application_name", "keepalives_idle", "keepalives_interval",
-						  "keepalives_count", "dbname", NULL};
-	const char *values[] = {"obx-relay", "10", "5", "3", db->conninfo, NULL};
 	size_t i;
 
 	if (db->conn != NULL)
 		return true;
 	if (time(NULL) < db->retry_at)
 		return false;
-	db->conn = PQconnectdbParams(keys, values, 1);
-	if (PQstatus(db->conn) != CONNECTION_OK)
+	db->conn = obx_session_open(db->conninfo, "obx-relay", NULL);
+	if (db->conn == NULL)
 	{
-		obx_say("ERROR", "could not connect to the database: %s", PQerrorMessage(db->conn));
-		disconnect(db, NULL);
 		db->retry_at = time(NULL) + 1;
-		return false;
-	}
-	if (!obx_pin_session(db->conn))
-	{
-		disconnect(db, "its session could not be set up");
 		return false;
 	}
 	for (i = 0; i < sizeof(statements) / sizeof(statements[0]); i++)
