@@ -1378,15 +1378,12 @@ BEGIN
 	ev.kafka_offset := _consume.kafka_offset;
 	ev.event_key := _consume.event_key;
 	ev.kafka_timestamp := _consume.kafka_timestamp;
-	SELECT coalesce(jsonb_object_agg(h.n, h.v ORDER BY h.i), '{}')
-	  INTO ev.headers
+	/* One pass over the headers; a name given twice: its last value. */
+	SELECT coalesce(jsonb_object_agg(h.n, h.v ORDER BY h.i), '{}'),
+		   nullif((array_agg(h.v ORDER BY h.i DESC) FILTER (WHERE h.n = 'event_id'))[1], ''),
+		   (array_agg(h.v ORDER BY h.i DESC) FILTER (WHERE h.n = 'event_type'))[1]
+	  INTO ev.headers, ev.event_id, ev.event_type
 	  FROM unnest(header_names, header_values) WITH ORDINALITY AS h(n, v, i);
-	SELECT nullif(h.v, '') INTO ev.event_id
-	  FROM unnest(header_names, header_values) WITH ORDINALITY AS h(n, v, i)
-	 WHERE h.n = 'event_id' ORDER BY h.i DESC LIMIT 1;
-	SELECT h.v INTO ev.event_type
-	  FROM unnest(header_names, header_values) WITH ORDINALITY AS h(n, v, i)
-	 WHERE h.n = 'event_type' ORDER BY h.i DESC LIMIT 1;
 	IF value IS NULL AND ev.event_id IS NULL THEN
 		malformed := 'message has no value (a tombstone) and no event_id header';
 	ELSIF value IS NOT NULL THEN
