@@ -13,14 +13,31 @@
 #   events keep flowing through the two brokers left, and after it is back
 #   the broker's set of event ids is the committed set, per key in enqueue
 #   order, and every duplicate is a copy of the same event;
+# - the daemon's consumer, through the same SASL_SSL listener: a
+#   subscription to that topic (a SECURITY DEFINER handler of the
+#   subscriber's, called by the same daemon) is served through the
+#   failover: events of the partitions the killed broker led are applied
+#   while it is down, and in the end every committed event is applied
+#   exactly once (the broker's duplicates recognized as such), per key in
+#   enqueue order;
+# - SIGTERM stops the daemon with exit status 0, its consumer leaving the
+#   group with the offsets of every handled message committed at the
+#   broker;
+# - the crash window on the real cluster: the daemon killed (-9) after its
+#   handlers' transactions committed and before their offsets were
+#   (auto.commit.interval.ms of an hour holds the window open; the group's
+#   committed offsets at the broker show it open): the new daemon re-reads
+#   those messages, each a duplicate (the handler is not called again,
+#   obx.consumer_status counts it), and every effect stays applied exactly
+#   once, events sent after the restart too;
 # - no password (the database's, the right or the wrong SASL one) shows
-#   in what --check prints or in the daemon's log;
-# - SIGTERM stops the daemon with exit status 0.
+#   in what --check prints or in the daemon's log.
 use strict;
 use warnings;
 
 use FindBin;
 use lib "$FindBin::RealBin/lib";
+use ObxConsumer;
 use ObxDaemon;
 use ObxKafkaChecks;
 use ObxSecure;
@@ -32,10 +49,44 @@ use Test::More;
 my $parts = 6;
 my $nkeys = 40;
 my $topic = 'orders.daemon.failover.v1';
+my $consumer = 'audit';
 
 my $kafka = start_kafka(nodes => 3, secure => 1);
 my $dir = PostgreSQL::Test::Utils::tempdir('relay');
 my $node = sql_only_node('daemon_kafka');
+
+sub q1 { $node->safe_psql('postgres', $_[0]) }
+
+# The subscriber, audit, with its handler: SECURITY DEFINER, its own,
+# with its own search_path (what the daemon requires).  shop.effects has
+# no unique key: an effect applied twice shows as two rows.
+# shop.handler_calls counts the calls (PostgreSQL does not crash here).
+q1(q{
+	CREATE ROLE audit LOGIN;
+	GRANT USAGE ON SCHEMA obx TO audit;
+	GRANT EXECUTE ON FUNCTION obx.subscribe(text, text[], regprocedure, jsonb) TO audit;
+	CREATE SCHEMA shop AUTHORIZATION audit;
+	GRANT USAGE ON SCHEMA shop TO shop_owner, obx_handler_caller;
+	SET ROLE audit;
+	CREATE TABLE shop.effects (
+		n bigserial PRIMARY KEY,
+		event_id text NOT NULL,
+		event_key text,
+		kafka_partition integer,
+		applied_at timestamptz NOT NULL DEFAULT clock_timestamp());
+	CREATE SEQUENCE shop.handler_calls;
+	CREATE FUNCTION shop.record(e obx.inbound_event) RETURNS void
+	LANGUAGE plpgsql SECURITY DEFINER SET search_path = shop, pg_catalog AS $$
+	BEGIN
+		PERFORM nextval('handler_calls');
+		INSERT INTO effects (event_id, event_key, kafka_partition)
+		VALUES (e.event_id, e.event_key, e.kafka_partition);
+	END $$;
+});
+# An hour between offset commits: only a close of the consumer (or a
+# rebalance) commits.
+subscribe($node, $consumer, [$topic], 'shop.record(obx.inbound_event)', as => 'audit',
+	kafka => { 'auto.commit.interval.ms' => 3600000, 'session.timeout.ms' => 6000 });
 
 # The daemon's settings: the SASL_SSL listener only, its properties as
 # kafka.* lines of the settings file.
@@ -44,7 +95,7 @@ sub secure_config
 	my (%override) = @_;
 	my %props = sasl_ssl_properties($kafka, %override);
 	return relay_config($node, { bootstrap => $kafka->{secure_bootstrap} }, $dir,
-		batch_size => 100, map { ("kafka.$_" => $props{$_}) } keys %props);
+		batch_size => 100, subscriptions => '*', map { ("kafka.$_" => $props{$_}) } keys %props);
 }
 
 #
@@ -110,6 +161,10 @@ ok($node->poll_query_until('postgres', qq{
 	SELECT count(*) > 0 FROM obx.outbox_events
 	 WHERE topic = '$topic' AND published_at > '$kill_at' AND kafka_partition IN ($moved)}),
 	"the daemon published on the partitions broker $victim led, after the kill");
+ok($node->poll_query_until('postgres', qq{
+	SELECT count(*) > 0 FROM shop.effects
+	 WHERE applied_at > '$kill_at' AND kafka_partition IN ($moved)}),
+	"the daemon's consumer applied events of the partitions broker $victim led, after the kill");
 
 kafka_cluster($kafka, 'restart', $victim);
 kafka_cluster($kafka, 'wait', 3);
@@ -128,15 +183,103 @@ my $dups = copies_agree($msgs, $topic);
 note sprintf('%d events committed, %d messages at the broker, %d duplicates',
 	scalar(@ids), scalar(@$msgs), $dups);
 is($node->safe_psql('postgres', q{SELECT string_agg(DISTINCT usename, ',') FROM pg_stat_activity
-	WHERE application_name = 'obx-relay'}), 'relay', 'the daemon ran as the role relay');
+	WHERE application_name LIKE 'obx-relay%'}), 'relay', 'the daemon ran as the role relay');
 
 #
-# SIGTERM.
+# The daemon's consumer: exactly once, per key in enqueue order.
+#
+
+# applied_in_order($what, \@ids): wait until the consumer has handled every
+# message of the topic, then check that the effects are the event ids,
+# each applied once, per key in enqueue order, and that the handler was
+# called once per event (never for a duplicate).
+sub applied_in_order
+{
+	my ($what, $ids) = @_;
+	wait_caught_up($node, $consumer, $topic, partition_ends($kafka, $topic), $what);
+	my %n;
+	my %order;
+	for my $line (split /\n/, q1('SELECT event_key, event_id FROM shop.effects ORDER BY n'))
+	{
+		my ($k, $id) = split /\|/, $line;
+		$n{$id}++;
+		push @{ $order{$k} }, $id;
+	}
+	is_deeply(\%n, { map { $_ => 1 } @$ids }, "$what: every committed event applied exactly once");
+	is_deeply(\%order, committed_ids($node, "topic = '$topic'"),
+		"$what: per key, the effects in enqueue order");
+	is(handler_calls($node), scalar(@$ids), "$what: the handler was called once per event");
+}
+
+applied_in_order('after the failover', \@ids);
+my $t = consumer_totals($node, $consumer, $topic);
+is($t->{processed}, scalar(@ids), 'obx.consumer_status: each event processed once');
+cmp_ok($t->{duplicates}, '>=', $dups, 'every copy at the broker was recognized as a duplicate');
+note sprintf('consumer: %d processed, %d duplicates (%d copies at the broker)',
+	$t->{processed}, $t->{duplicates}, $dups);
+is(q1('SELECT count(*) FROM obx.dead_letters'), '0', 'no dead letter');
+
+#
+# SIGTERM: the consumer leaves its group, committing its offsets.
 #
 is(stop_relay($relay), 0, 'SIGTERM stops the daemon with exit status 0');
-$printed .= relay_log($relay);
+
+# committed_offsets(): partition => the group's committed offset at the
+# broker ('-' for none).  The tool fails while the coordinator moves.
+sub committed_offsets
+{
+	my $o;
+	wait_until(sub { $o = eval { group_offsets($kafka, $consumer, $topic) }; defined $o },
+		"the group coordinator of $consumer to answer");
+	return { map { $_ => $o->{$_}[0] } keys %$o };
+}
+
+my $ends = partition_ends($kafka, $topic);
+is_deeply(committed_offsets(), $ends,
+	'after SIGTERM the group has committed, per partition, the offset past its last message');
+
+#
+# Killed after the handlers' commits, before the offsets' commit.
+#
+$relay = start_relay($config);
+# enqueue_many($n, $what): $n events on the load's keys, in one
+# transaction; returns their ids.
+sub enqueue_many
+{
+	my ($n, $what) = @_;
+	return split /\n/, q1(qq{
+		SELECT obx.enqueue('$topic', 'ord_' || (g % $nkeys), jsonb_build_object('$what', g))
+		  FROM generate_series(1, $n) g});
+}
+my @window = enqueue_many(200, 'window');
+push @ids, @window;
+ok(all_published($node), 'the events of the window are published');
+applied_in_order('the events of the window', \@ids);
+is_deeply(committed_offsets(), $ends,
+	'the window is open: the broker has no offset of the messages handled since the restart');
+my $before = consumer_totals($node, $consumer, $topic);
+my $calls = handler_calls($node);
+stop_relay($relay, 'KILL');
+$relay = start_relay($config);
+my $reread = scalar(@window);
+ok($node->poll_query_until('postgres', qq{
+	SELECT sum(duplicates) >= $before->{duplicates} + $reread FROM obx.consumer_status
+	 WHERE consumer_name = '$consumer' AND topic = '$topic'}),
+	'the new daemon re-reads the messages whose offsets were not committed, each a duplicate');
+is(handler_calls($node), $calls, 'the handler was not called for a re-read message');
+my @later = enqueue_many(20, 'later');
+push @ids, @later;
+ok(all_published($node), 'the events after the restart are published');
+applied_in_order('after the kill and restart', \@ids);
+$t = consumer_totals($node, $consumer, $topic);
+is($t->{processed}, scalar(@ids), 'obx.consumer_status: processed counts each event once');
+is(q1(qq{SELECT count(*) FROM obx.processed_events WHERE consumer_name = '$consumer'}),
+	scalar(@ids), 'obx.processed_events holds each event once');
+is(stop_relay($relay), 0, 'SIGTERM stops the restarted daemon with exit status 0');
+$printed .= relay_log($relay);    # the log of every daemon run with $config
+
 my @leaked = grep { index($printed, $_) >= 0 } ('relay-secret', $kafka->{password}, 'not-the-password');
-is(scalar(@leaked), 0, 'no password in what --check printed or in the daemon\'s log')
+is(scalar(@leaked), 0, 'no password in what --check printed or in the daemon\'s logs')
   or diag('found: ' . join(', ', @leaked));
 
 done_testing();
