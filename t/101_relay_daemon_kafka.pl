@@ -30,6 +30,9 @@
 #   those messages, each a duplicate (the handler is not called again,
 #   obx.consumer_status counts it), and every effect stays applied exactly
 #   once, events sent after the restart too;
+# - the daemon killed (-9) inside a handler (its transaction rolled
+#   back): the offset of that message was not committed, the next daemon
+#   applies it and then the one behind it on its key;
 # - no password (the database's, the right or the wrong SASL one) shows
 #   in what --check prints or in the daemon's log.
 use strict;
@@ -78,6 +81,9 @@ q1(q{
 	CREATE FUNCTION shop.record(e obx.inbound_event) RETURNS void
 	LANGUAGE plpgsql SECURITY DEFINER SET search_path = shop, pg_catalog AS $$
 	BEGIN
+		IF e.payload->>'gate' = 'hold' THEN
+			PERFORM pg_advisory_xact_lock_shared(4242);
+		END IF;
 		PERFORM nextval('handler_calls');
 		INSERT INTO effects (event_id, event_key, kafka_partition)
 		VALUES (e.event_id, e.event_key, e.kafka_partition);
@@ -275,6 +281,30 @@ $t = consumer_totals($node, $consumer, $topic);
 is($t->{processed}, scalar(@ids), 'obx.consumer_status: processed counts each event once');
 is(q1(qq{SELECT count(*) FROM obx.processed_events WHERE consumer_name = '$consumer'}),
 	scalar(@ids), 'obx.processed_events holds each event once');
+
+#
+# Killed inside a handler: its transaction is rolled back and the offset
+# of its message was not committed, so the next daemon applies it.
+#
+my $gate = $node->background_psql('postgres');
+$gate->query_safe('SELECT pg_advisory_lock(4242)');
+my $gated = q1(qq{SELECT obx.enqueue('$topic', 'ord_gate', '{"gate": "hold"}')});
+my $behind = q1(qq{SELECT obx.enqueue('$topic', 'ord_gate', '{"after": "gate"}')});
+push @ids, $gated, $behind;
+my $in_handler = q{FROM pg_stat_activity
+	WHERE application_name = 'obx-relay consumer' AND wait_event = 'advisory'};
+ok($node->poll_query_until('postgres', "SELECT count(*) = 1 $in_handler"),
+	'the daemon is inside the handler of the gated event');
+stop_relay($relay, 'KILL');
+# What a crash of the daemon's host does to its session: rolled back.
+q1("SELECT pg_terminate_backend(pid) $in_handler");
+ok($node->poll_query_until('postgres', "SELECT count(*) = 0 $in_handler"),
+	'the killed daemon\'s session is gone');
+$gate->quit;
+is(q1(qq{SELECT count(*) FROM shop.effects WHERE event_id IN ('$gated', '$behind')}), '0',
+	'neither the gated event nor the one behind it has an effect');
+$relay = start_relay($config);
+applied_in_order('after a kill inside a handler', \@ids);
 is(stop_relay($relay), 0, 'SIGTERM stops the restarted daemon with exit status 0');
 $printed .= relay_log($relay);    # the log of every daemon run with $config
 
