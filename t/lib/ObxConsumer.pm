@@ -1,6 +1,6 @@
 # ObxConsumer.pm: shared pieces of the consumer (inbox) tests: t/04*,
-# t/065, and the security tests of handlers and subscriptions (t/07*,
-# t/08*).
+# t/065, the security tests of handlers and subscriptions (t/07*,
+# t/08*), and the daemon's subscriptions (t/101, t/102).
 #
 # Starts a consumer test's node (consumer_node), creates its handler and
 # subscription (handler, subscribe), produces crafted messages to the
