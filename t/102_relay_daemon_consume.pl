@@ -22,12 +22,17 @@
 # - a poison event (the handler raises 23514) becomes a dead letter
 #   (class handler, its SQLSTATE and message), is not applied, and does not
 #   block the events after it;
-# - the crash window: the daemon SIGKILLed after the handlers' transactions
-#   committed and before any offset was committed (auto.commit.interval.ms
-#   of an hour holds the window open): the new daemon re-reads every
+# - the crash window: the daemon SIGKILLed (its consumer process dies with
+#   it) after the handlers' transactions committed and before any offset
+#   was committed (auto.commit.interval.ms of an hour holds the window
+#   open): the new daemon re-reads every
 #   message, each is recognized as a duplicate (the handler is not called,
 #   duplicates counts it), and every effect stays applied exactly once;
 #   events sent after the restart are applied;
+# - a handler that waits does not hold publishing back: an event enqueued
+#   meanwhile is published before the handler returns (the subscriptions
+#   run in a process of their own); that process killed -9 alone is
+#   started again, and the events sent after are applied once;
 # - a call that failed (its session terminated inside the handler) stores
 #   no offset: the daemon stopped with SIGTERM before trying it again (a
 #   close commits the offsets stored), the next one applies the event;
@@ -296,6 +301,9 @@ like(relay_log($relay), qr/message dead-lettered: 23514: poison event/,
 ############################################################################
 my $before = $t;
 stop_relay($relay, 'KILL');
+ok($node->poll_query_until('postgres', q{
+	SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name LIKE 'obx-relay%'}),
+	'the daemon killed -9 is gone, its consumer process too');
 $relay = start_relay($config);
 my $n_before = $before->{processed} + $before->{dead_lettered};
 ok($node->poll_query_until('postgres', qq{
@@ -335,6 +343,16 @@ ok($node->poll_query_until('postgres', q{
 	SELECT count(*) = 1 FROM pg_stat_activity
 	 WHERE application_name = 'obx-relay consumer' AND wait_event = 'advisory'}),
 	'the daemon is inside the handler of the gated event');
+# A handler that waits does not hold the relay back: its consumer runs in a
+# process of its own.
+my ($meanwhile) = enqueue({ key => 'sku-meanwhile' });
+push @ids, $meanwhile;
+ok($node->poll_query_until('postgres', qq{
+	SELECT published_at IS NOT NULL FROM obx.outbox_events WHERE id = '$meanwhile'}),
+	'an event enqueued while a handler waits is published');
+is(q1(q{SELECT count(*) FROM pg_stat_activity
+		 WHERE application_name = 'obx-relay consumer' AND wait_event = 'advisory'}), '1',
+	'published while the handler still waited');
 q1(q{SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 	  WHERE application_name = 'obx-relay consumer' AND wait_event = 'advisory'});
 wait_until(sub { relay_log($relay) =~ /offset \d+: obx\._consume failed/ },
@@ -383,6 +401,22 @@ is(q1(qq{SELECT error_class || '|' || error_sqlstate || '|' || error_message
 	'a handler past handler_timeout_ms: its message is a dead letter (57014)');
 is_deeply(effects(), { map { $_ => 1 } @ids },
 	'the slow event had no effect, the next one of its key was applied');
+
+############################################################################
+# The consumer process killed -9 alone: the daemon starts a new one.
+############################################################################
+my @children = grep {
+	my $stat = eval { slurp_file("/proc/$_/stat") } // q{};
+	$stat =~ /\) \S+ $relay->{pid} /;
+} map { m{^/proc/(\d+)$} ? $1 : () } glob('/proc/[0-9]*');
+is(scalar @children, 1, 'the daemon runs one process of its own: the consumer');
+kill('KILL', $children[0]);
+wait_until(sub { relay_log($relay) =~ /the consumer process was killed by signal 9; a new one in 1 s/ },
+	'the daemon to see its consumer process die');
+push @ids, enqueue(map { {} } 1 .. 4);
+caught_up('after the consumer process was killed alone');
+is_deeply(effects(), { map { $_ => 1 } @ids },
+	'a new consumer process applies the events sent after, each once');
 is(stop_relay($relay), 0, 'SIGTERM stops the daemon with exit status 0');
 
 ############################################################################

@@ -892,15 +892,14 @@ serve_sub(Sub *s)
 /*
  * obx_consume_serve
  *		One pass over the subscriptions: read them again every second,
- *		then give each consumer a turn.  Nothing while stopping.
+ *		then give each consumer a turn.  Returns how long the consumer
+ *		process may sleep before the next pass, in microseconds.
  */
-void
-obx_consume_serve(bool stopping)
+long long
+obx_consume_serve(void)
 {
 	Sub *s;
 
-	if (!obx_consume_enabled() || stopping)
-		return;
 	if (obx_now_us() >= refresh_at)
 	{
 		refresh();
@@ -908,13 +907,7 @@ obx_consume_serve(bool stopping)
 	}
 	for (s = subs; s != NULL; s = s->next)
 		serve_sub(s);
-}
-
-/* How long the daemon may sleep before the consumers are polled again. */
-long long
-obx_consume_wait_us(long long max)
-{
-	return obx_consume_enabled() && max > POLL_US ? POLL_US : max;
+	return POLL_US;
 }
 
 /*

@@ -85,8 +85,7 @@ extern PGconn *obx_session_open(const char *conninfo, const char *application_na
 
 /* consume.c: the subscriptions obx-relay runs (obx_config.subscriptions). */
 extern bool obx_consume_enabled(void);
-extern void obx_consume_serve(bool stopping);
-extern long long obx_consume_wait_us(long long max);
+extern long long obx_consume_serve(void);
 extern void obx_consume_stop(void);
 extern bool obx_consume_check(PGconn *conn);
 

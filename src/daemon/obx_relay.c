@@ -8,7 +8,8 @@
  *	  same statements (src/protocol/protocol.h), over libpq, against one or
  *	  more databases, as a role that holds obx_worker's grants and nothing
  *	  more (docs/security.md, "The workers").  It also runs the
- *	  subscriptions its setting "subscriptions" names (consume.c).
+ *	  subscriptions its setting "subscriptions" names (consume.c), in a
+ *	  second process (run_consumer).
  *
  *	  obx-relay [--config FILE] [--check]
  *
@@ -40,7 +41,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1406,11 +1409,21 @@ rotate(Database *db)
  * The loop
  * --------------------------------------------------------------------- */
 
+/*
+ * The consumer process (see run_consumer), in the relay's process: its pid
+ * while it runs, and when a new one may be started after one died.
+ */
+static volatile pid_t consumer_pid = 0;
+static long long consumer_start_at = 0;
+
+/* Both signals go on to the consumer process, which stops or reloads too. */
 static void
 on_stop(int sig)
 {
 	(void) sig;
 	stop_requested = 1;
+	if (consumer_pid > 0)
+		kill(consumer_pid, SIGTERM);
 }
 
 static void
@@ -1418,6 +1431,8 @@ on_reload(int sig)
 {
 	(void) sig;
 	reload_requested = 1;
+	if (consumer_pid > 0)
+		kill(consumer_pid, SIGHUP);
 }
 
 /*
@@ -1520,10 +1535,141 @@ in_flight(Database *dbs)
 	return n;
 }
 
+/* Read the settings file again; a file that does not load changes nothing. */
+static void
+reload_config(void)
+{
+	Config next;
+
+	if (config_load(&next, config_file))
+	{
+		config_free(&obx_config);
+		obx_config = next;
+		obx_say("LOG", "settings reloaded");
+	}
+	else
+	{
+		config_free(&next);
+		obx_say("ERROR", "settings not reloaded: the old ones stay");
+	}
+}
+
+/*
+ * run_consumer
+ *		The consumer process: the subscriptions (consume.c) until SIGTERM,
+ *		or until a SIGHUP's settings name none.  Its own process, so that
+ *		a handler that takes long (up to its handler_timeout_ms) holds back
+ *		neither the relay's claims nor the renewal of its leases.
+ */
+static int
+run_consumer(void)
+{
+	for (;;)
+	{
+		while (!stop_requested && !reload_requested)
+		{
+			usleep((useconds_t) obx_consume_serve());
+		}
+		obx_consume_stop();
+		if (stop_requested)
+			return 0;
+		reload_requested = 0;
+		reload_config();
+		if (!obx_consume_enabled())
+		{
+			obx_say("LOG", "no subscription to run: the consumer process stops");
+			return 0;
+		}
+	}
+}
+
+/*
+ * Start the consumer process when the settings name subscriptions and none
+ * runs.  Called only where the relay holds no librdkafka handle and no
+ * connection (a fork copies one thread of a process, and a librdkafka
+ * thread could hold a lock the child would then wait for forever).  The
+ * consumer dies with the relay, kill -9 included: a daemon is its two
+ * processes or none.
+ */
+static void
+consumer_start(void)
+{
+	pid_t parent = getpid();
+	pid_t pid;
+
+	if (!obx_consume_enabled() || consumer_pid > 0 || stop_requested)
+		return;
+	fflush(stderr);
+	pid = fork();
+	if (pid < 0)
+	{
+		obx_say("ERROR", "cannot start the consumer process: %s; again in 1 s", strerror(errno));
+		consumer_start_at = obx_now_us() + 1000000;
+		return;
+	}
+	if (pid == 0)
+	{
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+			_exit(1);
+		obx_say("LOG", "consumer process started");
+		exit(run_consumer());
+	}
+	consumer_pid = pid;
+}
+
+/*
+ * Whether the consumer process exited (without blocking).  One that died
+ * while its subscriptions are still wanted is started again after a second,
+ * at the relay's next clean point: consumer_due() says when.
+ */
+static void
+consumer_reap(void)
+{
+	int status;
+
+	if (consumer_pid <= 0 || waitpid(consumer_pid, &status, WNOHANG) != consumer_pid)
+		return;
+	consumer_pid = 0;
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+		return;
+	if (WIFSIGNALED(status))
+		obx_say("WARNING", "the consumer process was killed by signal %d; a new one in 1 s", WTERMSIG(status));
+	else
+		obx_say("WARNING", "the consumer process exited with status %d; a new one in 1 s", WEXITSTATUS(status));
+	consumer_start_at = obx_now_us() + 1000000;
+}
+
+/* Whether a consumer process is to be started again now. */
+static bool
+consumer_due(void)
+{
+	return consumer_pid == 0 && consumer_start_at > 0 && obx_now_us() >= consumer_start_at &&
+		   obx_consume_enabled();
+}
+
+/* Stop the consumer process and wait for it; false if it did not stop cleanly. */
+static bool
+consumer_stop(void)
+{
+	int status;
+
+	if (consumer_pid <= 0)
+		return true;
+	kill(consumer_pid, SIGTERM);
+	while (waitpid(consumer_pid, &status, 0) < 0 && errno == EINTR)
+		;
+	consumer_pid = 0;
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+		return true;
+	obx_say("WARNING", "the consumer process did not stop cleanly");
+	return false;
+}
+
 /*
  * Serve every database until SIGTERM or SIGHUP, then land the batches
  * still out (their reports come within delivery_timeout) and stop, or
- * read the settings again and go on.
+ * read the settings again and go on.  The subscriptions run in a process
+ * of their own (run_consumer), started from here.
  */
 static int
 run_relay(void)
@@ -1534,6 +1680,8 @@ run_relay(void)
 
 	for (;;)
 	{
+		consumer_start_at = 0;
+		consumer_start();
 		memset(dbs, 0, sizeof(dbs));
 		for (i = 0; i < obx_config.ndatabases; i++)
 			dbs[i].conninfo = obx_config.databases[i];
@@ -1541,27 +1689,23 @@ run_relay(void)
 		if (rk == NULL)
 			return 1;
 		obx_say("LOG", "started: %d database(s), brokers %s", obx_config.ndatabases, obx_config.brokers);
-		while ((!stop_requested && !reload_requested) || in_flight(dbs) > 0)
+		while ((!stop_requested && !reload_requested && !consumer_due()) || in_flight(dbs) > 0)
 		{
+			bool winding_down = stop_requested || reload_requested || consumer_due();
 			long long wait;
 
 			for (i = 0; i < obx_config.ndatabases; i++)
 			{
 				land(&dbs[i]);
-				if (!stop_requested && !reload_requested)
+				if (!winding_down)
 					launch(&dbs[i], rk);
 				rotate(&dbs[i]);
 			}
-			obx_consume_serve(stop_requested || reload_requested);
-			/*
-			 * Sleep in librdkafka until a report comes or a claim is due, or
-			 * the subscriptions' consumers are to be polled again.
-			 */
-			wait = stop_requested || reload_requested ? 100000 : until_next_claim(dbs, 100000);
-			wait = obx_consume_wait_us(wait);
+			consumer_reap();
+			/* Sleep in librdkafka until a report comes or a claim is due. */
+			wait = winding_down ? 100000 : until_next_claim(dbs, 100000);
 			rd_kafka_poll(rk, (int) ((wait + 999) / 1000));
 		}
-		obx_consume_stop();
 		rd_kafka_flush(rk, obx_config.delivery_timeout_ms);
 		rd_kafka_destroy(rk);
 		while (nknown_topics > 0)
@@ -1570,24 +1714,15 @@ run_relay(void)
 			disconnect(&dbs[i], NULL);
 		if (stop_requested)
 		{
-			obx_say("LOG", "stopped");
-			return 0;
-		}
-		reload_requested = 0;
-		{
-			Config next;
+			bool clean = consumer_stop();
 
-			if (config_load(&next, config_file))
-			{
-				config_free(&obx_config);
-				obx_config = next;
-				obx_say("LOG", "settings reloaded");
-			}
-			else
-			{
-				config_free(&next);
-				obx_say("ERROR", "settings not reloaded: the old ones stay");
-			}
+			obx_say("LOG", "stopped");
+			return clean ? 0 : 1;
+		}
+		if (reload_requested)
+		{
+			reload_requested = 0;
+			reload_config();
 		}
 	}
 }
