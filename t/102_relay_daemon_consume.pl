@@ -32,7 +32,9 @@
 # - a handler that waits does not hold publishing back: an event enqueued
 #   meanwhile is published before the handler returns (the subscriptions
 #   run in a process of their own); that process killed -9 alone is
-#   started again, and the events sent after are applied once;
+#   started again, and the events sent after are applied once; SIGHUP
+#   stops it when the settings name no subscription (publishing goes on)
+#   and starts one when they name them again;
 # - a call that failed (its session terminated inside the handler) stores
 #   no offset: the daemon stopped with SIGTERM before trying it again (a
 #   close commits the offsets stored), the next one applies the event;
@@ -405,10 +407,13 @@ is_deeply(effects(), { map { $_ => 1 } @ids },
 ############################################################################
 # The consumer process killed -9 alone: the daemon starts a new one.
 ############################################################################
-my @children = grep {
-	my $stat = eval { slurp_file("/proc/$_/stat") } // q{};
-	$stat =~ /\) \S+ $relay->{pid} /;
-} map { m{^/proc/(\d+)$} ? $1 : () } glob('/proc/[0-9]*');
+sub children_of_relay
+{
+	return grep {
+		(eval { slurp_file("/proc/$_/stat") } // q{}) =~ /\) \S+ $relay->{pid} /
+	} map { m{^/proc/(\d+)$} ? $1 : () } glob('/proc/[0-9]*');
+}
+my @children = children_of_relay();
 is(scalar @children, 1, 'the daemon runs one process of its own: the consumer');
 kill('KILL', $children[0]);
 wait_until(sub { relay_log($relay) =~ /the consumer process was killed by signal 9; a new one in 1 s/ },
@@ -417,6 +422,23 @@ push @ids, enqueue(map { {} } 1 .. 4);
 caught_up('after the consumer process was killed alone');
 is_deeply(effects(), { map { $_ => 1 } @ids },
 	'a new consumer process applies the events sent after, each once');
+
+# SIGHUP: settings without subscriptions stop the consumer process, while
+# the daemon goes on publishing; settings with them start one again.
+relay_config($node, $mock, $dir, path => $relay->{config});
+kill('HUP', $relay->{pid});
+wait_until(sub { scalar(children_of_relay()) == 0 }, 'the consumer process to stop on SIGHUP');
+like(relay_log($relay), qr/no subscription to run: the consumer process stops/,
+	'SIGHUP without subscriptions: the consumer process stops, and says so');
+my @unconsumed = enqueue(map { {} } 1 .. 2);
+push @ids, @unconsumed;
+ok(all_published($node), 'the daemon still publishes');
+relay_config($node, $mock, $dir, path => $relay->{config}, subscriptions => '*');
+kill('HUP', $relay->{pid});
+caught_up('after SIGHUP named the subscriptions again');
+is(scalar(children_of_relay()), 1, 'a new consumer process runs them');
+is_deeply(effects(), { map { $_ => 1 } @ids },
+	'the events sent while no consumer ran are applied, each once');
 is(stop_relay($relay), 0, 'SIGTERM stops the daemon with exit status 0');
 
 ############################################################################
