@@ -1651,7 +1651,7 @@ consumer_due(void)
 static bool
 consumer_stop(void)
 {
-	int status;
+	int status = 0;
 
 	if (consumer_pid <= 0)
 		return true;
