@@ -1415,6 +1415,8 @@ rotate(Database *db)
  */
 static volatile pid_t consumer_pid = 0;
 static long long consumer_start_at = 0;
+static long long consumer_started = 0;
+static int consumer_deaths = 0; /* in a row, each within a minute of its start */
 
 /* Both signals go on to the consumer process, which stops or reloads too. */
 static void
@@ -1567,9 +1569,7 @@ run_consumer(void)
 	for (;;)
 	{
 		while (!stop_requested && !reload_requested)
-		{
 			usleep((useconds_t) obx_consume_serve());
-		}
 		obx_consume_stop();
 		if (stop_requested)
 			return 0;
@@ -1615,28 +1615,35 @@ consumer_start(void)
 		exit(run_consumer());
 	}
 	consumer_pid = pid;
+	consumer_started = obx_now_us();
 }
 
 /*
  * Whether the consumer process exited (without blocking).  One that died
- * while its subscriptions are still wanted is started again after a second,
- * at the relay's next clean point: consumer_due() says when.
+ * while its subscriptions are still wanted is started again at the relay's
+ * next clean point (consumer_due says when): after a second, doubling up
+ * to a minute while each new one dies within a minute.
  */
 static void
 consumer_reap(void)
 {
 	int status;
+	int delay_s;
 
 	if (consumer_pid <= 0 || waitpid(consumer_pid, &status, WNOHANG) != consumer_pid)
 		return;
 	consumer_pid = 0;
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
 		return;
+	consumer_deaths = obx_now_us() - consumer_started < 60000000LL ? consumer_deaths + 1 : 1;
+	delay_s = consumer_deaths > 6 ? 60 : 1 << (consumer_deaths - 1);
 	if (WIFSIGNALED(status))
-		obx_say("WARNING", "the consumer process was killed by signal %d; a new one in 1 s", WTERMSIG(status));
+		obx_say("WARNING", "the consumer process was killed by signal %d; a new one in %d s",
+				WTERMSIG(status), delay_s);
 	else
-		obx_say("WARNING", "the consumer process exited with status %d; a new one in 1 s", WEXITSTATUS(status));
-	consumer_start_at = obx_now_us() + 1000000;
+		obx_say("WARNING", "the consumer process exited with status %d; a new one in %d s",
+				WEXITSTATUS(status), delay_s);
+	consumer_start_at = obx_now_us() + delay_s * 1000000LL;
 }
 
 /* Whether a consumer process is to be started again now. */
