@@ -9,7 +9,7 @@
  *	  more databases, as a role that holds obx_worker's grants and nothing
  *	  more (docs/security.md, "The workers").  It also runs the
  *	  subscriptions its setting "subscriptions" names (consume.c), in a
- *	  second process (run_consumer).
+ *	  second process (run_consumer, obx-relay --consumer).
  *
  *	  obx-relay [--config FILE] [--check]
  *
@@ -1566,7 +1566,7 @@ reload_config(void)
 static int
 run_consumer(void)
 {
-	for (;;)
+	while (obx_consume_enabled())
 	{
 		while (!stop_requested && !reload_requested)
 			usleep((useconds_t) obx_consume_serve());
@@ -1575,29 +1575,29 @@ run_consumer(void)
 			return 0;
 		reload_requested = 0;
 		reload_config();
-		if (!obx_consume_enabled())
-		{
-			obx_say("LOG", "no subscription to run: the consumer process stops");
-			return 0;
-		}
 	}
+	obx_say("LOG", "no subscription to run: the consumer process stops");
+	return 0;
 }
 
 /*
  * Start the consumer process when the settings name subscriptions and none
- * runs.  Called only where the relay holds no librdkafka handle and no
- * connection (a fork copies one thread of a process, and a librdkafka
- * thread could hold a lock the child would then wait for forever).  The
- * consumer dies with the relay, kill -9 included: a daemon is its two
- * processes or none.
+ * runs (or is waiting to be started again): obx-relay itself again, with
+ * --consumer.  The exec makes it a process of its own from the start (a
+ * fork alone would copy one thread of a process whose librdkafka threads
+ * may hold locks).  It dies with the relay, kill -9 included: a daemon is
+ * its two processes or none.
  */
 static void
 consumer_start(void)
 {
 	pid_t parent = getpid();
 	pid_t pid;
+	char *const args[] = {"obx-relay", "--consumer", config_file ? "--config" : NULL,
+						  (char *) config_file, NULL};
 
-	if (!obx_consume_enabled() || consumer_pid > 0 || stop_requested)
+	if (!obx_consume_enabled() || consumer_pid > 0 || stop_requested ||
+		obx_now_us() < consumer_start_at)
 		return;
 	fflush(stderr);
 	pid = fork();
@@ -1609,10 +1609,10 @@ consumer_start(void)
 	}
 	if (pid == 0)
 	{
-		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-			_exit(1);
-		obx_say("LOG", "consumer process started");
-		exit(run_consumer());
+		/* Only async-signal-safe calls until the exec. */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 && getppid() == parent)
+			execv("/proc/self/exe", args);
+		_exit(127);
 	}
 	consumer_pid = pid;
 	consumer_started = obx_now_us();
@@ -1620,9 +1620,9 @@ consumer_start(void)
 
 /*
  * Whether the consumer process exited (without blocking).  One that died
- * while its subscriptions are still wanted is started again at the relay's
- * next clean point (consumer_due says when): after a second, doubling up
- * to a minute while each new one dies within a minute.
+ * while its subscriptions are still wanted is started again by
+ * consumer_start: after a second, doubling up to a minute while each new
+ * one dies within a minute.
  */
 static void
 consumer_reap(void)
@@ -1644,14 +1644,6 @@ consumer_reap(void)
 		obx_say("WARNING", "the consumer process exited with status %d; a new one in %d s",
 				WEXITSTATUS(status), delay_s);
 	consumer_start_at = obx_now_us() + delay_s * 1000000LL;
-}
-
-/* Whether a consumer process is to be started again now. */
-static bool
-consumer_due(void)
-{
-	return consumer_pid == 0 && consumer_start_at > 0 && obx_now_us() >= consumer_start_at &&
-		   obx_consume_enabled();
 }
 
 /* Stop the consumer process and wait for it; false if it did not stop cleanly. */
@@ -1676,7 +1668,7 @@ consumer_stop(void)
  * Serve every database until SIGTERM or SIGHUP, then land the batches
  * still out (their reports come within delivery_timeout) and stop, or
  * read the settings again and go on.  The subscriptions run in a process
- * of their own (run_consumer), started from here.
+ * of their own (run_consumer), started and watched from here.
  */
 static int
 run_relay(void)
@@ -1687,8 +1679,6 @@ run_relay(void)
 
 	for (;;)
 	{
-		consumer_start_at = 0;
-		consumer_start();
 		memset(dbs, 0, sizeof(dbs));
 		for (i = 0; i < obx_config.ndatabases; i++)
 			dbs[i].conninfo = obx_config.databases[i];
@@ -1696,9 +1686,9 @@ run_relay(void)
 		if (rk == NULL)
 			return 1;
 		obx_say("LOG", "started: %d database(s), brokers %s", obx_config.ndatabases, obx_config.brokers);
-		while ((!stop_requested && !reload_requested && !consumer_due()) || in_flight(dbs) > 0)
+		while ((!stop_requested && !reload_requested) || in_flight(dbs) > 0)
 		{
-			bool winding_down = stop_requested || reload_requested || consumer_due();
+			bool winding_down = stop_requested || reload_requested;
 			long long wait;
 
 			for (i = 0; i < obx_config.ndatabases; i++)
@@ -1709,6 +1699,7 @@ run_relay(void)
 				rotate(&dbs[i]);
 			}
 			consumer_reap();
+			consumer_start();
 			/* Sleep in librdkafka until a report comes or a claim is due. */
 			wait = winding_down ? 100000 : until_next_claim(dbs, 100000);
 			rd_kafka_poll(rk, (int) ((wait + 999) / 1000));
@@ -1726,11 +1717,8 @@ run_relay(void)
 			obx_say("LOG", "stopped");
 			return clean ? 0 : 1;
 		}
-		if (reload_requested)
-		{
-			reload_requested = 0;
-			reload_config();
-		}
+		reload_requested = 0;
+		reload_config();
 	}
 }
 
@@ -1872,6 +1860,7 @@ int
 main(int argc, char **argv)
 {
 	bool check_only = false;
+	bool consumer_only = false;
 	struct sigaction sa;
 	int i;
 
@@ -1881,6 +1870,8 @@ main(int argc, char **argv)
 			config_file = argv[++i];
 		else if (strcmp(argv[i], "--check") == 0)
 			check_only = true;
+		else if (strcmp(argv[i], "--consumer") == 0)
+			consumer_only = true; /* the consumer process (consumer_start) */
 		else
 		{
 			usage();
@@ -1899,5 +1890,10 @@ main(int argc, char **argv)
 	sa.sa_handler = on_reload;
 	sigaction(SIGHUP, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	if (consumer_only)
+	{
+		obx_say("LOG", "consumer process started");
+		return run_consumer();
+	}
 	return run_relay();
 }
