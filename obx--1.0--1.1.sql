@@ -741,6 +741,31 @@ BEGIN
 END
 $$;
 
+/*
+ * Why a relay must not claim in this database, or NULL: a logical
+ * replication subscription of this database writes into obx's tables
+ * (partitions included), so its events are another database's, published
+ * by that database's relay, and the claims and records a relay writes here
+ * would mix with the replicated ones (docs/operations.md, "Logical
+ * replication").  Both relays read it when they get ready and then every
+ * few seconds, never per claim.  pg_subscription_rel, and pg_subscription's
+ * oid and subname, are readable by every role.
+ */
+CREATE FUNCTION obx._replica_problem()
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+	SELECT pg_catalog.format('subscription "%s" replicates %s of obx''s tables into this database',
+							 s.subname, pg_catalog.count(*))
+	  FROM pg_catalog.pg_subscription_rel r
+	  JOIN pg_catalog.pg_subscription s ON s.oid = r.srsubid
+	  JOIN pg_catalog.pg_class c ON c.oid = r.srrelid
+	 WHERE c.relnamespace = 'obx'::pg_catalog.regnamespace
+	 GROUP BY s.subname
+	 ORDER BY s.subname
+	 LIMIT 1
+$$;
+
 /* ---------------------------------------------------------------------
  * Privileges, comments, pg_dump
  * --------------------------------------------------------------------- */
@@ -753,7 +778,7 @@ REVOKE ALL ON FUNCTION obx._published_ids(bigint, bigint),
 	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
 	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),
 	obx._live_leases(bigint, bigint),
-	obx._rotate(float8), obx._hold(uuid[]) FROM PUBLIC;
+	obx._rotate(float8), obx._hold(uuid[]), obx._replica_problem() FROM PUBLIC;
 
 /*
  * The workers' role.  The relay and consumer workers run every statement
@@ -802,7 +827,7 @@ GRANT EXECUTE ON FUNCTION obx._published_ids(bigint, bigint),
 	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
 	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),
 	obx._live_leases(bigint, bigint), obx._hold(uuid[]), obx._rotate(float8),
-	obx._analyze_events() TO obx_worker;
+	obx._analyze_events(), obx._replica_problem() TO obx_worker;
 /* The consumer: subscriptions, marks, offsets, dead letters, their purge. */
 GRANT SELECT ON obx.subscriptions TO obx_worker;
 GRANT SELECT, INSERT, DELETE ON obx.processed_events TO obx_worker;

@@ -44,7 +44,8 @@ my $t0 = time();
 my $orders = 'orders.metrics.v1';
 my $payments = 'payments.metrics.v1';
 my @states = ('not started', 'starting', 'idle', 'producing', 'backing off',
-	'broker down', 'standby', 'waiting for extension', 'waiting for role', 'stopping', 'stopped');
+	'broker down', 'standby', 'waiting for extension', 'waiting for role', 'logical replica',
+	'stopping', 'stopped');
 
 my $mock = start_mock();
 # The poison is deterministic, as in t/022: enqueue accepts up to 1 MB,

@@ -80,6 +80,7 @@ typedef enum ObxWorkerState
 	OBX_STATE_STANDBY,
 	OBX_STATE_WAITING_FOR_EXTENSION,
 	OBX_STATE_WAITING_FOR_ROLE,
+	OBX_STATE_LOGICAL_REPLICA, /* obx._replica_problem: claims nothing */
 	OBX_STATE_STOPPING
 } ObxWorkerState;
 

@@ -63,6 +63,8 @@ state_name(const ObxWorkerSlot *slot)
 			return "waiting for extension";
 		case OBX_STATE_WAITING_FOR_ROLE:
 			return "waiting for role";
+		case OBX_STATE_LOGICAL_REPLICA:
+			return "logical replica";
 		case OBX_STATE_STOPPING:
 			return "stopping";
 	}

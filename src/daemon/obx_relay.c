@@ -112,7 +112,9 @@ typedef struct Database
 	time_t rotate_at;
 	Batch flights[PIPELINE];
 	int nflights;
-	long long claim_at; /* the next claim, in microseconds; 0: at once */
+	long long claim_at;         /* the next claim, in microseconds; 0: at once */
+	long long replica_check_at; /* obx._replica_problem's next reading; 0: at once */
+	char *replica_problem;      /* its latest answer, or NULL */
 } Database;
 
 Config obx_config;
@@ -710,6 +712,7 @@ static const Statement statements[] = {
 	{"obx_failed", OBX_SQL_FAILED, 7, {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID, TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID}},
 	{"obx_renew", OBX_SQL_RENEW, 2, {INT8OID, FLOAT8OID}},
 	{"obx_rotate", OBX_SQL_ROTATE, 1, {FLOAT8OID}},
+	{"obx_replica_problem", OBX_SQL_REPLICA_PROBLEM, 0, {0}},
 };
 
 static const Statement *
@@ -875,6 +878,7 @@ connect_db(Database *db)
 		PQclear(res);
 	}
 	obx_say("LOG", "connected to database \"%s\" as role \"%s\"", PQdb(db->conn), PQuser(db->conn));
+	db->replica_check_at = 0;
 	return true;
 }
 
@@ -1389,6 +1393,46 @@ renew(Database *db, Batch *batch)
 		PQclear(res);
 }
 
+/*
+ * Whether the daemon may claim and rotate in the connected database: not
+ * while a logical subscription writes into obx's tables there
+ * (obx._replica_problem, read at each new connection and then every
+ * OBX_REPLICA_CHECK_MS, as the in-database relay does).  Says why once,
+ * when the reason appears or changes, and when it goes.  The batches
+ * already out are recorded all the same.
+ */
+static bool
+replica_free(Database *db)
+{
+	PGresult *res;
+	char *problem = NULL;
+
+	if (db->conn == NULL || obx_now_us() < db->replica_check_at)
+		return db->replica_problem == NULL;
+	db->replica_check_at = obx_now_us() + (long long) OBX_REPLICA_CHECK_MS * 1000;
+	if ((res = run(db, "obx_replica_problem", NULL, 0)) == NULL)
+	{
+		if (PQstatus(db->conn) != CONNECTION_OK)
+			disconnect(db, "the connection broke");
+		return false;
+	}
+	if (!PQgetisnull(res, 0, 0))
+		problem = obx_xstrdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	if (problem != NULL &&
+		(db->replica_problem == NULL || strcmp(problem, db->replica_problem) != 0))
+		obx_say("WARNING", "claims nothing in database \"%s\": %s (its events are copies, "
+						   "published by the relay of the database they come from; drop the "
+						   "subscription, or publish only your own schemas)",
+				PQdb(db->conn), problem);
+	else if (problem == NULL && db->replica_problem != NULL)
+		obx_say("LOG", "resumes in database \"%s\": no subscription replicates obx's tables any more",
+				PQdb(db->conn));
+	free(db->replica_problem);
+	db->replica_problem = problem;
+	return problem == NULL;
+}
+
 /* One step of the outbox's rotation (obx._rotate), as housekeeping.c takes it. */
 static void
 rotate(Database *db)
@@ -1397,7 +1441,8 @@ rotate(Database *db)
 	const char *params[1] = {secs};
 	PGresult *res;
 
-	if (obx_config.retention_s == 0 || db->conn == NULL || time(NULL) < db->rotate_at)
+	if (obx_config.retention_s == 0 || db->conn == NULL || time(NULL) < db->rotate_at ||
+		!replica_free(db))
 		return;
 	db->rotate_at = time(NULL) + 10;
 	snprintf(secs, sizeof(secs), "%d", obx_config.retention_s);
@@ -1488,7 +1533,7 @@ launch(Database *db, rd_kafka_t *rk)
 	if (db->nflights >= PIPELINE || started < db->claim_at)
 		return;
 	db->claim_at = started + (long long) obx_config.poll_interval_ms * 1000;
-	if (!connect_db(db))
+	if (!connect_db(db) || !replica_free(db))
 		return;
 	for (i = 0; i < PIPELINE && batch == NULL; i++)
 		if (!db->flights[i].used)
@@ -1709,7 +1754,10 @@ run_relay(void)
 		while (nknown_topics > 0)
 			free(known_topics[--nknown_topics]);
 		for (i = 0; i < obx_config.ndatabases; i++)
+		{
 			disconnect(&dbs[i], NULL);
+			free(dbs[i].replica_problem);
+		}
 		if (stop_requested)
 		{
 			bool clean = consumer_stop();
@@ -1741,9 +1789,27 @@ static const char *const grant_checks[][2] = {
 	{"EXECUTE on obx._tick()", "has_function_privilege('obx._tick()', 'EXECUTE')"},
 	{"EXECUTE on obx._hold(uuid[])", "has_function_privilege('obx._hold(uuid[])', 'EXECUTE')"},
 	{"EXECUTE on obx._rotate(float8)", "has_function_privilege('obx._rotate(float8)', 'EXECUTE')"},
+	{"EXECUTE on obx._replica_problem()", "has_function_privilege('obx._replica_problem()', 'EXECUTE')"},
 	{"EXECUTE on obx._consume(...)", "has_function_privilege('obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz, integer, integer)', 'EXECUTE')"},
 	{"EXECUTE on obx._call_handler(...)", "has_function_privilege('obx._call_handler(regprocedure, obx.inbound_event)', 'EXECUTE')"},
 };
+
+/* Whether no logical subscription writes into obx's tables here. */
+static bool
+check_replica(PGconn *conn)
+{
+	PGresult *res = PQexec(conn, OBX_SQL_REPLICA_PROBLEM);
+	bool ok = PQresultStatus(res) == PGRES_TUPLES_OK && PQgetisnull(res, 0, 0);
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		printf("FAIL  %s: %s", OBX_SQL_REPLICA_PROBLEM, PQresultErrorMessage(res));
+	else if (!ok)
+		printf("FAIL  %s: obx-relay claims nothing here while it does (drop the subscription, "
+			   "or publish only your own schemas)\n",
+			   PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return ok;
+}
 
 static bool
 check_database(const char *conninfo)
@@ -1799,6 +1865,7 @@ check_database(const char *conninfo)
 	}
 	if (ok)
 		printf("ok    role \"%s\" holds every grant the relay needs\n", PQuser(conn));
+	ok &= check_replica(conn);
 	ok &= obx_consume_check(conn);
 	PQfinish(conn);
 	return ok;

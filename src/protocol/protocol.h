@@ -2,9 +2,10 @@
  *
  * protocol.h
  *	  The relay's protocol with the database: every statement of the claim,
- *	  the record, the release and the renewal, defined once and run by both
- *	  runtimes, the in-database relay (src/relay/claim.c, outbox.c, through
- *	  SPI) and obx-relay (src/daemon/, through libpq).  Plain C, no
+ *	  the record, the release and the renewal, and the check that the
+ *	  database is no logical replica of obx's tables, defined once and run
+ *	  by both runtimes, the in-database relay (src/relay/claim.c, outbox.c,
+ *	  through SPI) and obx-relay (src/daemon/, through libpq).  Plain C, no
  *	  PostgreSQL header: the daemon includes it too.
  *
  * The claim lock serializes claims, and the steps that must agree with
@@ -205,6 +206,16 @@
  * one (obx._rotate, obx--1.0--1.1.sql).
  */
 #define OBX_SQL_ROTATE "SELECT obx._rotate($1)"
+
+/*
+ * Why a relay must not claim in this database, or NULL: a logical
+ * replication subscription writes into obx's tables here
+ * (obx._replica_problem).  Run when a relay gets ready and then every
+ * OBX_REPLICA_CHECK_MS, never per claim; while it says why, a relay claims,
+ * records (but for the batches already out), releases and rotates nothing.
+ */
+#define OBX_SQL_REPLICA_PROBLEM "SELECT obx._replica_problem()"
+#define OBX_REPLICA_CHECK_MS    5000
 
 /*
  * The settings every session of a relay runs with, whatever a role or

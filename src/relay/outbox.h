@@ -6,7 +6,8 @@
  *	  and publishes, and the statements on it.
  *
  *	  claim.c	the claim: a batch of publishable events under a lease
- *	  outbox.c	what Kafka said about a batch; renewing and ending leases
+ *	  outbox.c	what Kafka said about a batch; renewing and ending leases;
+ *				whether a logical subscription writes into obx's tables
  *
  * Each function declared here is one short transaction of its own, never
  * open while the worker waits on Kafka.
@@ -87,5 +88,6 @@ extern void obx_outbox_release(ObxBatch *batch);
 extern int obx_outbox_renew(ObxBatch *batch);
 extern int64 obx_outbox_release_orphans(int worker);
 extern void obx_outbox_analyze(void);
+extern char *obx_outbox_replica_problem(void);
 
 #endif /* OBX_OUTBOX_H */

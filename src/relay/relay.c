@@ -71,7 +71,10 @@ typedef struct RelayState
 {
 	ObxWorker w;
 	MemoryContext loop_cxt; /* reset every pass */
-	bool ready;             /* extension found, orphans released */
+	bool ready;             /* extension found, running as its role */
+	bool orphans_released;  /* the previous run's leases, at the first claim */
+	char *replica_problem;  /* obx._replica_problem, or NULL */
+	TimestampTz next_replica_check;
 	ObxProducer *producer;
 	bool rebuild_producer; /* Kafka settings changed */
 	TimestampTz next_producer_try;
@@ -468,15 +471,12 @@ idle_wait(void)
 }
 
 /*
- * Whether obx is installed and the worker runs as obx.worker_role; the
- * first time, release the leases this worker's previous run held, so those
- * events are re-sent at once.  Until then, wait a poll interval.
+ * Whether obx is installed and the worker runs as obx.worker_role.  Until
+ * then, wait a poll interval.
  */
 static bool
 relay_ready(void)
 {
-	int64 released;
-
 	if (relay.ready)
 		return true;
 	if (!obx_worker_extension_ready(&relay.w))
@@ -492,6 +492,76 @@ relay_ready(void)
 		return false;
 	}
 	relay.ready = true;
+	return true;
+}
+
+/*
+ * Read obx._replica_problem again if OBX_REPLICA_CHECK_MS passed since the
+ * last time (at once when the relay gets ready); log a WARNING when the
+ * reason appears or changes, a LOG line when it goes.
+ */
+static void
+check_replica(void)
+{
+	char *problem;
+
+	if (GetCurrentTimestamp() < relay.next_replica_check)
+		return;
+	problem = obx_outbox_replica_problem();
+	relay.next_replica_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														   OBX_REPLICA_CHECK_MS);
+	if (problem != NULL &&
+		(relay.replica_problem == NULL || strcmp(problem, relay.replica_problem) != 0))
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("obx relay %d claims nothing in database \"%s\": %s",
+						relay.w.number, relay.w.database, problem),
+				 errdetail("The events there are copies, published by the relay of the "
+						   "database they come from."),
+				 errhint("Drop the subscription, or publish only your own schemas; the relay "
+						 "resumes by itself.")));
+		obx_status_error(relay.w.number, problem);
+	}
+	else if (problem == NULL && relay.replica_problem != NULL)
+		ereport(LOG,
+				(errmsg("obx relay %d resumes in database \"%s\": no subscription replicates "
+						"obx's tables any more",
+						relay.w.number, relay.w.database)));
+	if (relay.replica_problem != NULL)
+		pfree(relay.replica_problem);
+	relay.replica_problem = problem ? MemoryContextStrdup(TopMemoryContext, problem) : NULL;
+}
+
+/*
+ * Whether the relay may claim, release and purge in this database: not
+ * while a logical subscription writes into obx's tables
+ * (obx._replica_problem, checked every OBX_REPLICA_CHECK_MS).  Meanwhile
+ * the batches already out are recorded, and the worker shows state
+ * "logical replica" with the reason as its last_error.  The first time it
+ * may, release the leases this worker's previous run held, so those events
+ * are re-sent at once.
+ */
+static bool
+replica_guard(void)
+{
+	int64 released;
+
+	check_replica();
+	if (relay.replica_problem != NULL)
+	{
+		if (relay.nflights > 0)
+			serve_flights();
+		else
+		{
+			set_state(OBX_STATE_LOGICAL_REPLICA);
+			wait_for_work(Max(1, Min(obx_poll_interval_ms, obx_ms_until(relay.next_replica_check))));
+		}
+		return false;
+	}
+	if (relay.orphans_released)
+		return true;
+	relay.orphans_released = true;
 	released = obx_outbox_release_orphans(relay.w.number);
 	if (released > 0)
 		ereport(LOG,
@@ -606,7 +676,7 @@ obx_relay_main(Datum main_arg)
 			wait_for_work(obx_poll_interval_ms);
 			continue;
 		}
-		if (!relay_ready())
+		if (!relay_ready() || !replica_guard())
 			continue;
 		obx_housekeeping(&relay.w);
 		if (!producer_ready())
