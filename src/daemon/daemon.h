@@ -3,9 +3,9 @@
  * daemon.h
  *	  What obx-relay's files share: its settings, its log, memory and
  *	  clock helpers, the type oids and binary arrays of statement
- *	  parameters, and the opening of a session with the pinned settings.
- *	  obx_relay.c is the daemon and its relay; consume.c runs its
- *	  subscriptions.
+ *	  parameters, and the opening of a session with the pinned settings
+ *	  (daemon.c).  obx_relay.c is the daemon and its relay; consume.c runs
+ *	  its subscriptions.
  *
  *-------------------------------------------------------------------------
  */
@@ -70,6 +70,7 @@ typedef struct Buf
 	size_t cap;
 } Buf;
 
+/* daemon.c */
 extern void obx_say(const char *level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 extern char *obx_xstrdup(const char *s);
