@@ -1,15 +1,28 @@
-# A logical replica of obx's tables publishes nothing (docs/operations.md,
-# "Logical replication").  A publisher and a subscriber, both with obx and
-# a relay of their own, both pointed at the same broker; a publication FOR
-# ALL TABLES on the publisher and a subscription on the subscriber carry
-# the publisher's outbox (events, claims, records: every partition) into
-# the subscriber's obx tables.
+# A logical replica of obx's tables publishes nothing and consumes nothing
+# (docs/operations.md, "Logical replication").  A publisher and a
+# subscriber, both with obx, a relay and a consumer worker of their own,
+# both pointed at the same broker; a publication FOR ALL TABLES on the
+# publisher and a subscription on the subscriber carry the publisher's
+# outbox (events, claims, records: every partition) and its subscriptions
+# and dedupe records into the subscriber's obx tables.
 #
 # While the subscription exists the subscriber's relay claims nothing: its
 # worker shows state "logical replica" with the subscription named in
 # last_error, each relay process logs one WARNING, obx-relay --check fails
 # naming it, and an obx-relay daemon serving the subscriber claims nothing
-# either.  The broker holds each of the publisher's events exactly once,
+# either.
+#
+# Nor does the subscriber consume: the copy of a subscription made on the
+# publisher would put its consumers into the publisher's consumer group,
+# where they would take partitions and apply those messages to the copy,
+# which the publisher never sees.  Its consumer worker logs one WARNING
+# naming the subscription, and so does obx-relay's consumer process; the
+# publisher's consumer applies every message, the subscriber's handler is
+# never called.  After the cutover (below; the publisher's consumer
+# unsubscribed) the subscriber's consumer resumes where the publisher's
+# stopped: every later message applied once, none of the earlier again.
+#
+# The broker holds each of the publisher's events exactly once,
 # even when the copies wait on the subscriber unpublished (a session holds
 # the publisher's claim lock) while the subscriber's relay starts afresh,
 # the moment a relay claims at once.  After the sequences are moved past
@@ -20,6 +33,7 @@ use warnings;
 
 use FindBin;
 use lib "$FindBin::RealBin/lib";
+use ObxConsumer;
 use ObxDaemon;
 use ObxTest;
 use PostgreSQL::Test::Utils;
@@ -32,13 +46,28 @@ my %conf = (
 	'max_wal_senders' => 4,
 	'max_replication_slots' => 4,
 	'obx.workers' => 1,
-	'obx.consumer_workers' => 0,
+	'obx.consumer_workers' => 1,
 	'max_worker_processes' => 16);
 my $pub = obx_node('publisher', $mock, %conf);
 my $sub = obx_node('subscriber', $mock, %conf);
 relay_ready($pub, 1);
 relay_ready($sub, 1);
 create_topic($mock, $topic, 2);
+
+# The consumers' topic, and on both nodes the schema "shop" with the
+# handler (a subscription names its handler, which must exist where it is
+# consumed): it counts its calls in a sequence, which logical replication
+# does not copy, so shop.handler_calls counts the calls on its own node.
+my $ctopic = 'stock.replica.v1';
+my $consumer = 'stock-replica';
+create_topic($mock, $ctopic, 2);
+for my $node ($pub, $sub)
+{
+	create_effects($node);
+	handler($node, 'shop.reserve', q{
+		PERFORM nextval('shop.handler_calls');
+		PERFORM shop.record(e);});
+}
 
 # enqueue($node, $from, $n): $n events over 4 keys in one transaction;
 # returns their ids.
@@ -93,7 +122,7 @@ my $dir = PostgreSQL::Test::Utils::tempdir('relay');
 my $config = "$dir/relay.conf";
 open(my $fh, '>', $config) or die "cannot write $config: $!";
 printf $fh "database = host=%s port=%d dbname=postgres user=relay\n", $sub->host, $sub->port;
-print $fh "brokers = $mock->{bootstrap}\npoll_interval = 20\nlease_timeout = 5\n";
+print $fh "brokers = $mock->{bootstrap}\npoll_interval = 20\nlease_timeout = 5\nsubscriptions = *\n";
 close $fh;
 my ($status, $out) = relay_check($config);
 isnt($status, 0, 'obx-relay --check fails on the subscriber');
@@ -103,6 +132,27 @@ my $daemon = start_relay($config);
 ok(wait_until(sub { relay_log($daemon) =~ /WARNING: claims nothing in database "postgres": $reason/ },
 	'obx-relay to say why it claims nothing on the subscriber'),
 	'obx-relay logged why it claims nothing');
+ok(wait_until(sub { relay_log($daemon) =~ /WARNING: consumes nothing in database "postgres": $reason/ },
+	'obx-relay\'s consumer process to say why it consumes nothing'),
+	'obx-relay\'s consumer process logged why it consumes nothing');
+
+# A subscription made on the publisher is copied to the subscriber; only
+# the publisher's consumer applies its messages.
+subscribe($pub, $consumer, [$ctopic], 'shop.reserve(obx.inbound_event)');
+ok($sub->poll_query_until('postgres',
+	"SELECT count(*) = 1 FROM obx.subscriptions WHERE consumer_name = '$consumer'"),
+	'the subscription was copied to the subscriber');
+ok(wait_until(sub { sub_log() =~ /WARNING:  obx consumer \d+ consumes nothing in database "postgres": $reason/ },
+	'the subscriber\'s consumer worker to log why it consumes nothing'),
+	'the subscriber\'s consumer worker logged a WARNING naming the subscription');
+my @before = map { "evt-before-$_" } 1 .. 10;
+produce($mock, $ctopic, map { sku_message($_ % 2, $before[$_]) } 0 .. $#before);
+ok($pub->poll_query_until('postgres',
+	'SELECT count(DISTINCT event_id) = 10 FROM shop.effects'),
+	'the publisher\'s consumer applied every message');
+is_deeply(effects_per_event($pub), { map { $_ => 1 } @before },
+	'the publisher applied each message once');
+is(handler_calls($sub), 0, 'the subscriber\'s handler was never called');
 
 # The publisher's relay is held back (a session holds its claim lock) while
 # events are enqueued there, so their copies wait on the subscriber
@@ -150,13 +200,31 @@ is(scalar(() = sub_log() =~ /claims nothing in database/g), 2,
 is(scalar(() = relay_log($daemon) =~ /claims nothing in database/g), 1,
 	'obx-relay warned once');
 
-# Cut over: the sequences past the copied rows (logical replication copies
-# no sequence), then DROP SUBSCRIPTION.  Both relays resume by themselves.
+# obx-relay's consumer process stops (a SIGHUP with no subscription left
+# in its settings): the consumers after the cutover are the workers'.
+open($fh, '>', $config) or die "cannot write $config: $!";
+printf $fh "database = host=%s port=%d dbname=postgres user=relay\n", $sub->host, $sub->port;
+print $fh "brokers = $mock->{bootstrap}\npoll_interval = 20\nlease_timeout = 5\n";
+close $fh;
+kill('HUP', $daemon->{pid});
+ok(wait_until(sub { relay_log($daemon) =~ /no subscription to run: the consumer process stops/ },
+	'obx-relay\'s consumer process to stop'), 'obx-relay\'s consumer process stopped');
+is(scalar(() = relay_log($daemon) =~ /consumes nothing in database/g), 1,
+	'obx-relay\'s consumer process warned once');
+is(scalar(() = sub_log() =~ /consumes nothing in database/g), 1,
+	'the subscriber\'s consumer worker warned once, not once per check');
+
+# Cut over: every change applied, the sequences past the copied rows
+# (logical replication copies no sequence), then DROP SUBSCRIPTION.  Both
+# relays and the consumer resume by themselves.
+$pub->wait_for_catchup('obx_sub');
 my $seqs = $pub->safe_psql('postgres', q{
-	SELECT (SELECT last_value FROM obx.event_seq) || ',' || (SELECT last_value FROM obx.lease_seq)});
-my ($event_seq, $lease_seq) = split /,/, $seqs;
+	SELECT (SELECT last_value FROM obx.event_seq) || ',' || (SELECT last_value FROM obx.lease_seq)
+	       || ',' || (SELECT last_value FROM shop.effects_n_seq)});
+my ($event_seq, $lease_seq, $effects_seq) = split /,/, $seqs;
 $sub->safe_psql('postgres',
-	"SELECT setval('obx.event_seq', $event_seq), setval('obx.lease_seq', $lease_seq)");
+	"SELECT setval('obx.event_seq', $event_seq), setval('obx.lease_seq', $lease_seq),
+	        setval('shop.effects_n_seq', $effects_seq)");
 $sub->safe_psql('postgres', 'DROP SUBSCRIPTION obx_sub');
 ok($sub->poll_query_until('postgres', q{SELECT state = 'idle' FROM obx.workers}),
 	'after DROP SUBSCRIPTION the subscriber\'s relay is idle');
@@ -167,6 +235,21 @@ ok(wait_until(sub { relay_log($daemon) =~ /LOG: resumes in database "postgres"/ 
 	'obx-relay to resume'), 'obx-relay logged that it resumes');
 ($status, $out) = relay_check($config);
 unlike($out, qr/replicates/, '--check no longer reports the subscription') or diag($out);
+
+# The publisher's consumer leaves the group; the subscriber's takes over
+# from the offsets it committed (and its dedupe records, copied).
+$pub->safe_psql('postgres', "SELECT obx.unsubscribe('$consumer')");
+ok(wait_until(sub { sub_log() =~ /LOG:  obx consumer \d+ resumes in database "postgres"/ },
+	'the subscriber\'s consumer worker to log that it resumes'),
+	'the subscriber\'s consumer worker logged that it resumes');
+my @after = map { "evt-after-$_" } 1 .. 6;
+produce($mock, $ctopic, map { sku_message($_ % 2, $after[$_]) } 0 .. $#after);
+ok($sub->poll_query_until('postgres',
+	'SELECT count(DISTINCT event_id) = 16 FROM shop.effects'),
+	'the subscriber\'s consumer applied the messages sent after the cutover');
+is_deeply(effects_per_event($sub), { map { $_ => 1 } @before, @after },
+	'each message applied once across the cutover: the earlier ones by the publisher, the later by the subscriber');
+is(handler_calls($sub), scalar(@after), 'the subscriber\'s handler ran for the later messages only');
 
 my @sub_ids = enqueue($sub, 1001, 20);
 ok(all_published($sub), 'the subscriber publishes its own events');

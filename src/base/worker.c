@@ -357,6 +357,33 @@ obx_worker_exit(ObxWorker *w)
 	proc_exit(1);
 }
 
+/*
+ * obx_worker_replica_problem
+ *		Why a worker must not act in this database: a logical replication
+ *		subscription writes into obx's tables there, whose events and
+ *		subscriptions are copies of another database's (obx._replica_problem).
+ *		palloc'd in the caller's context, or NULL; a short transaction of its
+ *		own.  Meanwhile the relay claims nothing (relay.c) and the consumer
+ *		consumes nothing (consumer.c).
+ */
+char *
+obx_worker_replica_problem(void)
+{
+	MemoryContext caller = obx_step_begin("obx: checking for a logical subscription");
+	char *problem = NULL;
+	int rc;
+
+	rc = SPI_execute(OBX_SQL_REPLICA_PROBLEM, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "obx could not check for a logical subscription: %s",
+			 SPI_result_code_string(rc));
+	problem = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	if (problem != NULL)
+		problem = MemoryContextStrdup(caller, problem);
+	obx_step_end(caller);
+	return problem;
+}
+
 /* Milliseconds (rounded up) from now until t; 0 if t has passed. */
 long
 obx_ms_until(TimestampTz t)

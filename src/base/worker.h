@@ -53,6 +53,7 @@ extern void obx_worker_wait(ObxWorker *w, long timeout_ms, bool heed_latch);
 extern bool obx_worker_extension_ready(ObxWorker *w);
 pg_noreturn extern void obx_worker_exit(ObxWorker *w);
 extern long obx_ms_until(TimestampTz t);
+extern char *obx_worker_replica_problem(void);
 
 /* Short-transaction steps and kept plans (relay, consumer, outbox, inbox) */
 struct _SPI_plan;

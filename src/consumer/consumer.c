@@ -67,6 +67,7 @@
 #include "consumer_group.h"
 #include "held.h"
 #include "worker.h"
+#include "protocol.h"
 
 /* Messages handled per consumer (whole batches) before the others get a turn. */
 #define OBX_CONSUMER_FAIRNESS     200
@@ -90,7 +91,9 @@ typedef struct ConsumerState
 	MemoryContext msg_cxt; /* reset after every batch */
 	int pipefd[2];         /* every consumer queue signals on pipefd[1] */
 	TimestampTz next_refresh;
-	int batch_limit; /* messages per batch, at most obx.consumer_batch_size */
+	TimestampTz next_replica_check;
+	char *replica_problem; /* obx._replica_problem's latest answer, or NULL */
+	int batch_limit;       /* messages per batch, at most obx.consumer_batch_size */
 } ConsumerState;
 
 static ConsumerState state = {.pipefd = {-1, -1}, .batch_limit = INT_MAX};
@@ -550,9 +553,51 @@ consumer_reload(void)
 }
 
 /*
- * Every obx.poll_interval: whether obx is installed (if not, stop every
- * consumer and wait), and if so bring the consumers in line with
- * obx.subscriptions.
+ * Whether this database's subscriptions may be consumed: not while a
+ * logical replication subscription writes into obx's tables here
+ * (obx._replica_problem, read again once OBX_REPLICA_CHECK_MS passed).
+ * Their rows are copies of the publisher's, whose consumers apply their
+ * messages; a consumer here would join the same groups, take some of their
+ * partitions, and apply those messages to this copy, where the publisher
+ * never sees them.  Says why with a WARNING when the reason appears or
+ * changes, and with a LOG line when it goes.
+ */
+static bool
+replica_free(void)
+{
+	char *problem;
+
+	if (GetCurrentTimestamp() < state.next_replica_check)
+		return state.replica_problem == NULL;
+	problem = obx_worker_replica_problem();
+	state.next_replica_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														   OBX_REPLICA_CHECK_MS);
+	if (problem != NULL &&
+		(state.replica_problem == NULL || strcmp(problem, state.replica_problem) != 0))
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("obx consumer %d consumes nothing in database \"%s\": %s",
+						state.w.number, state.w.database, problem),
+				 errdetail("Its subscriptions are copies; the consumers of the database they "
+						   "come from apply their messages."),
+				 errhint("Drop the subscription, or publish only your own schemas; the "
+						 "consumer resumes by itself.")));
+	else if (problem == NULL && state.replica_problem != NULL)
+		ereport(LOG,
+				(errmsg("obx consumer %d resumes in database \"%s\": no subscription "
+						"replicates obx's tables any more",
+						state.w.number, state.w.database)));
+	if (state.replica_problem != NULL)
+		pfree(state.replica_problem);
+	state.replica_problem = problem ? MemoryContextStrdup(TopMemoryContext, problem) : NULL;
+	return state.replica_problem == NULL;
+}
+
+/*
+ * Every obx.poll_interval: whether obx is installed and this database is
+ * no logical replica of obx's tables (if not, stop every consumer, leaving
+ * its group, and wait: no consumer and no purge meanwhile), and if so
+ * bring the consumers in line with obx.subscriptions.
  */
 static bool
 subscriptions_ready(void)
@@ -560,9 +605,14 @@ subscriptions_ready(void)
 	TimestampTz now = GetCurrentTimestamp();
 
 	if (now < state.next_refresh)
-		return true;
+	{
+		if (state.replica_problem == NULL)
+			return true;
+		wait_for_messages(obx_ms_until(state.next_refresh));
+		return false;
+	}
 	state.next_refresh = TimestampTzPlusMilliseconds(now, obx_poll_interval_ms);
-	if (!obx_worker_extension_ready(&state.w))
+	if (!obx_worker_extension_ready(&state.w) || !replica_free())
 	{
 		obx_consumers_stop_all();
 		wait_for_messages(obx_poll_interval_ms);

@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "daemon.h"
+#include "protocol.h"
 
 /* Messages applied per subscription before the next one gets a turn. */
 #define TURN_MESSAGES 200
@@ -74,6 +75,8 @@ typedef struct Sub
 static Sub *subs = NULL;
 static PGconn *control[MAX_DATABASES];
 static long long control_retry_at[MAX_DATABASES];
+static long long replica_check_at[MAX_DATABASES]; /* obx._replica_problem's next reading */
+static char *replica_problem[MAX_DATABASES];       /* its latest answer, or NULL */
 static long long refresh_at = 0;
 
 static const char *list_sql =
@@ -765,7 +768,70 @@ sub_listed(int db, PGresult *res, int row)
 		sub_close(s);
 }
 
-/* Read the database's subscriptions; false if it cannot be read now. */
+/*
+ * Whether the database's subscriptions may be consumed: not while a
+ * logical replication subscription writes into obx's tables there
+ * (obx._replica_problem, read every OBX_REPLICA_CHECK_MS, as the consumer
+ * workers do: src/consumer/consumer.c says why).  Says why once, when the
+ * reason appears or changes, and when it goes.
+ */
+static bool
+replica_free(int db)
+{
+	PGresult *res;
+	char *problem = NULL;
+
+	if (obx_now_us() < replica_check_at[db])
+		return replica_problem[db] == NULL;
+	res = PQexec(control[db], OBX_SQL_REPLICA_PROBLEM);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		obx_say("ERROR", "could not check for a logical subscription: %s",
+				PQresultErrorMessage(res));
+		PQclear(res);
+		return false;
+	}
+	replica_check_at[db] = obx_now_us() + (long long) OBX_REPLICA_CHECK_MS * 1000;
+	if (!PQgetisnull(res, 0, 0))
+		problem = obx_xstrdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	if (problem != NULL && (replica_problem[db] == NULL || strcmp(problem, replica_problem[db]) != 0))
+		obx_say("WARNING", "consumes nothing in database \"%s\": %s (its subscriptions are "
+						   "copies; the consumers of the database they come from apply their "
+						   "messages; drop the subscription, or publish only your own schemas)",
+				PQdb(control[db]), problem);
+	else if (problem == NULL && replica_problem[db] != NULL)
+		obx_say("LOG", "consumes again in database \"%s\": no subscription replicates obx's "
+					   "tables any more",
+				PQdb(control[db]));
+	free(replica_problem[db]);
+	replica_problem[db] = problem;
+	return problem == NULL;
+}
+
+/* Close and forget the consumers of a database's subscriptions. */
+static void
+drop_subs(int db)
+{
+	Sub **p;
+	Sub *s;
+
+	for (p = &subs; (s = *p) != NULL;)
+	{
+		if (s->db == db)
+		{
+			*p = s->next;
+			sub_free(s);
+		}
+		else
+			p = &s->next;
+	}
+}
+
+/*
+ * Read the database's subscriptions; false if it cannot be read now.  On
+ * a logical replica of obx's tables none is consumed (replica_free).
+ */
 static bool
 refresh_db(int db)
 {
@@ -781,6 +847,16 @@ refresh_db(int db)
 									   "subscriptions");
 		if (control[db] == NULL)
 			return false;
+	}
+	if (!replica_free(db))
+	{
+		drop_subs(db);
+		if (PQstatus(control[db]) != CONNECTION_OK)
+		{
+			PQfinish(control[db]);
+			control[db] = NULL;
+		}
+		return false;
 	}
 	res = PQexec(control[db], list_sql);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
@@ -928,10 +1004,15 @@ obx_consume_stop(void)
 		sub_free(s);
 	}
 	for (db = 0; db < MAX_DATABASES; db++)
+	{
 		if (control[db] != NULL)
 		{
 			PQfinish(control[db]);
 			control[db] = NULL;
 		}
+		free(replica_problem[db]);
+		replica_problem[db] = NULL;
+		replica_check_at[db] = 0;
+	}
 	refresh_at = 0;
 }

@@ -5,8 +5,9 @@
  *	  the record, the release and the renewal, and the check that the
  *	  database is no logical replica of obx's tables, defined once and run
  *	  by both runtimes, the in-database relay (src/relay/claim.c, outbox.c,
- *	  through SPI) and obx-relay (src/daemon/, through libpq).  Plain C, no
- *	  PostgreSQL header: the daemon includes it too.
+ *	  through SPI) and obx-relay (src/daemon/, through libpq); the consumers
+ *	  of both read that check too (src/base/worker.c, src/daemon/consume.c).
+ *	  Plain C, no PostgreSQL header: the daemon includes it too.
  *
  * The claim lock serializes claims, and the steps that must agree with
  * them on whether a lease is live: pg_advisory_xact_lock in a step, or
@@ -212,7 +213,8 @@
  * replication subscription writes into obx's tables here
  * (obx._replica_problem).  Run when a relay gets ready and then every
  * OBX_REPLICA_CHECK_MS, never per claim; while it says why, a relay claims,
- * records (but for the batches already out), releases and rotates nothing.
+ * records (but for the batches already out), releases and rotates nothing,
+ * and a consumer consumes and purges nothing.
  */
 #define OBX_SQL_REPLICA_PROBLEM "SELECT obx._replica_problem()"
 #define OBX_REPLICA_CHECK_MS    5000

@@ -464,27 +464,3 @@ obx_outbox_analyze(void)
 	}
 	obx_step_end(caller);
 }
-
-/*
- * obx_outbox_replica_problem
- *		Why the relay must not claim in this database (a logical replication
- *		subscription writes into obx's tables), palloc'd in the caller's
- *		context, or NULL; a short transaction of its own.
- */
-char *
-obx_outbox_replica_problem(void)
-{
-	MemoryContext caller = obx_step_begin("obx: checking for a logical subscription");
-	char *problem = NULL;
-	int rc;
-
-	rc = SPI_execute(OBX_SQL_REPLICA_PROBLEM, true, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "obx could not check for a logical subscription: %s",
-			 SPI_result_code_string(rc));
-	problem = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-	if (problem != NULL)
-		problem = MemoryContextStrdup(caller, problem);
-	obx_step_end(caller);
-	return problem;
-}

@@ -88,6 +88,5 @@ extern void obx_outbox_release(ObxBatch *batch);
 extern int obx_outbox_renew(ObxBatch *batch);
 extern int64 obx_outbox_release_orphans(int worker);
 extern void obx_outbox_analyze(void);
-extern char *obx_outbox_replica_problem(void);
 
 #endif /* OBX_OUTBOX_H */

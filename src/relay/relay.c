@@ -507,7 +507,7 @@ check_replica(void)
 
 	if (GetCurrentTimestamp() < relay.next_replica_check)
 		return;
-	problem = obx_outbox_replica_problem();
+	problem = obx_worker_replica_problem();
 	relay.next_replica_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 														   OBX_REPLICA_CHECK_MS);
 	if (problem != NULL &&
