@@ -145,11 +145,27 @@ ok($sub->poll_query_until('postgres',
 ok(wait_until(sub { sub_log() =~ /WARNING:  obx consumer \d+ consumes nothing in database "postgres": $reason/ },
 	'the subscriber\'s consumer worker to log why it consumes nothing'),
 	'the subscriber\'s consumer worker logged a WARNING naming the subscription');
-my @before = map { "evt-before-$_" } 1 .. 10;
-produce($mock, $ctopic, map { sku_message($_ % 2, $before[$_]) } 0 .. $#before);
-ok($pub->poll_query_until('postgres',
-	'SELECT count(DISTINCT event_id) = 10 FROM shop.effects'),
-	'the publisher\'s consumer applied every message');
+
+# send_stock($name, $n): $n messages over both partitions of the consumers'
+# topic, ids "evt-$name-1" on; returns the ids.
+sub send_stock
+{
+	my ($name, $n) = @_;
+	my @ids = map { "evt-$name-$_" } 1 .. $n;
+	produce($mock, $ctopic, map { sku_message($_ % 2, $ids[$_]) } 0 .. $#ids);
+	return @ids;
+}
+
+# applied($node, $n, $what): $node's shop.effects holds $n events.
+sub applied
+{
+	my ($node, $n, $what) = @_;
+	return ok($node->poll_query_until('postgres',
+		"SELECT count(DISTINCT event_id) = $n FROM shop.effects"), $what);
+}
+
+my @before = send_stock('before', 10);
+applied($pub, 10, 'the publisher\'s consumer applied every message');
 is_deeply(effects_per_event($pub), { map { $_ => 1 } @before },
 	'the publisher applied each message once');
 is(handler_calls($sub), 0, 'the subscriber\'s handler was never called');
@@ -242,11 +258,8 @@ $pub->safe_psql('postgres', "SELECT obx.unsubscribe('$consumer')");
 ok(wait_until(sub { sub_log() =~ /LOG:  obx consumer \d+ resumes in database "postgres"/ },
 	'the subscriber\'s consumer worker to log that it resumes'),
 	'the subscriber\'s consumer worker logged that it resumes');
-my @after = map { "evt-after-$_" } 1 .. 6;
-produce($mock, $ctopic, map { sku_message($_ % 2, $after[$_]) } 0 .. $#after);
-ok($sub->poll_query_until('postgres',
-	'SELECT count(DISTINCT event_id) = 16 FROM shop.effects'),
-	'the subscriber\'s consumer applied the messages sent after the cutover');
+my @after = send_stock('after', 6);
+applied($sub, 16, 'the subscriber\'s consumer applied the messages sent after the cutover');
 is_deeply(effects_per_event($sub), { map { $_ => 1 } @before, @after },
 	'each message applied once across the cutover: the earlier ones by the publisher, the later by the subscriber');
 is(handler_calls($sub), scalar(@after), 'the subscriber\'s handler ran for the later messages only');

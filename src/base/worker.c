@@ -358,16 +358,14 @@ obx_worker_exit(ObxWorker *w)
 }
 
 /*
- * obx_worker_replica_problem
- *		Why a worker must not act in this database: a logical replication
- *		subscription writes into obx's tables there, whose events and
- *		subscriptions are copies of another database's (obx._replica_problem).
- *		palloc'd in the caller's context, or NULL; a short transaction of its
- *		own.  Meanwhile the relay claims nothing (relay.c) and the consumer
- *		consumes nothing (consumer.c).
+ * Why a worker must not act in this database: a logical replication
+ * subscription writes into obx's tables there, whose events and
+ * subscriptions are copies of another database's (obx._replica_problem).
+ * palloc'd in the caller's context, or NULL; a short transaction of its
+ * own.
  */
-char *
-obx_worker_replica_problem(void)
+static char *
+replica_problem(void)
 {
 	MemoryContext caller = obx_step_begin("obx: checking for a logical subscription");
 	char *problem = NULL;
@@ -382,6 +380,51 @@ obx_worker_replica_problem(void)
 		problem = MemoryContextStrdup(caller, problem);
 	obx_step_end(caller);
 	return problem;
+}
+
+/*
+ * obx_worker_check_replica
+ *		Read obx._replica_problem again once OBX_REPLICA_CHECK_MS passed
+ *		since the last reading (at once the first time) into
+ *		w->replica_problem.  A WARNING says that the worker does nothing
+ *		here (idle: "claims nothing", "consumes nothing"; detail: why the
+ *		copies need nothing of it) when the reason appears or changes, a LOG
+ *		line when it goes.  Returns whether the WARNING was said now.
+ *		Meanwhile the relay claims nothing (relay.c) and the consumer
+ *		consumes nothing (consumer.c).
+ */
+bool
+obx_worker_check_replica(ObxWorker *w, const char *idle, const char *detail)
+{
+	char *problem;
+	bool said = false;
+
+	if (GetCurrentTimestamp() < w->next_replica_check)
+		return false;
+	problem = replica_problem();
+	w->next_replica_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														OBX_REPLICA_CHECK_MS);
+	if (problem != NULL &&
+		(w->replica_problem == NULL || strcmp(problem, w->replica_problem) != 0))
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s %d %s in database \"%s\": %s", w->name, w->number, idle,
+						w->database, problem),
+				 errdetail_internal("%s", detail),
+				 errhint("Drop the subscription, or publish only your own schemas; the worker "
+						 "resumes by itself.")));
+		said = true;
+	}
+	else if (problem == NULL && w->replica_problem != NULL)
+		ereport(LOG,
+				(errmsg("%s %d resumes in database \"%s\": no subscription replicates "
+						"obx's tables any more",
+						w->name, w->number, w->database)));
+	if (w->replica_problem != NULL)
+		pfree(w->replica_problem);
+	w->replica_problem = problem ? MemoryContextStrdup(TopMemoryContext, problem) : NULL;
+	return said;
 }
 
 /* Milliseconds (rounded up) from now until t; 0 if t has passed. */

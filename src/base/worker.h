@@ -38,6 +38,8 @@ typedef struct ObxWorker
 	bool said_waiting;      /* logged that the extension is missing */
 	bool as_role;           /* runs as obx.worker_role (take_worker_role) */
 	char *role_problem;     /* why it cannot, or NULL */
+	char *replica_problem;  /* obx._replica_problem's latest answer, or NULL */
+	TimestampTz next_replica_check;
 	WaitEventSet *wait_set; /* built at the first wait, kept */
 	pgsocket wait_fd;       /* watched besides the latch, or none */
 } ObxWorker;
@@ -53,7 +55,7 @@ extern void obx_worker_wait(ObxWorker *w, long timeout_ms, bool heed_latch);
 extern bool obx_worker_extension_ready(ObxWorker *w);
 pg_noreturn extern void obx_worker_exit(ObxWorker *w);
 extern long obx_ms_until(TimestampTz t);
-extern char *obx_worker_replica_problem(void);
+extern bool obx_worker_check_replica(ObxWorker *w, const char *idle, const char *detail);
 
 /* Short-transaction steps and kept plans (relay, consumer, outbox, inbox) */
 struct _SPI_plan;

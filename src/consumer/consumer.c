@@ -67,7 +67,6 @@
 #include "consumer_group.h"
 #include "held.h"
 #include "worker.h"
-#include "protocol.h"
 
 /* Messages handled per consumer (whole batches) before the others get a turn. */
 #define OBX_CONSUMER_FAIRNESS     200
@@ -91,9 +90,7 @@ typedef struct ConsumerState
 	MemoryContext msg_cxt; /* reset after every batch */
 	int pipefd[2];         /* every consumer queue signals on pipefd[1] */
 	TimestampTz next_refresh;
-	TimestampTz next_replica_check;
-	char *replica_problem; /* obx._replica_problem's latest answer, or NULL */
-	int batch_limit;       /* messages per batch, at most obx.consumer_batch_size */
+	int batch_limit; /* messages per batch, at most obx.consumer_batch_size */
 } ConsumerState;
 
 static ConsumerState state = {.pipefd = {-1, -1}, .batch_limit = INT_MAX};
@@ -559,38 +556,15 @@ consumer_reload(void)
  * Their rows are copies of the publisher's, whose consumers apply their
  * messages; a consumer here would join the same groups, take some of their
  * partitions, and apply those messages to this copy, where the publisher
- * never sees them.  Says why with a WARNING when the reason appears or
- * changes, and with a LOG line when it goes.
+ * never sees them.
  */
 static bool
 replica_free(void)
 {
-	char *problem;
-
-	if (GetCurrentTimestamp() < state.next_replica_check)
-		return state.replica_problem == NULL;
-	problem = obx_worker_replica_problem();
-	state.next_replica_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														   OBX_REPLICA_CHECK_MS);
-	if (problem != NULL &&
-		(state.replica_problem == NULL || strcmp(problem, state.replica_problem) != 0))
-		ereport(WARNING,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("obx consumer %d consumes nothing in database \"%s\": %s",
-						state.w.number, state.w.database, problem),
-				 errdetail("Its subscriptions are copies; the consumers of the database they "
-						   "come from apply their messages."),
-				 errhint("Drop the subscription, or publish only your own schemas; the "
-						 "consumer resumes by itself.")));
-	else if (problem == NULL && state.replica_problem != NULL)
-		ereport(LOG,
-				(errmsg("obx consumer %d resumes in database \"%s\": no subscription "
-						"replicates obx's tables any more",
-						state.w.number, state.w.database)));
-	if (state.replica_problem != NULL)
-		pfree(state.replica_problem);
-	state.replica_problem = problem ? MemoryContextStrdup(TopMemoryContext, problem) : NULL;
-	return state.replica_problem == NULL;
+	(void) obx_worker_check_replica(&state.w, "consumes nothing",
+									"Its subscriptions are copies; the consumers of the database "
+									"they come from apply their messages.");
+	return state.w.replica_problem == NULL;
 }
 
 /*
@@ -606,7 +580,7 @@ subscriptions_ready(void)
 
 	if (now < state.next_refresh)
 	{
-		if (state.replica_problem == NULL)
+		if (state.w.replica_problem == NULL)
 			return true;
 		wait_for_messages(obx_ms_until(state.next_refresh));
 		return false;

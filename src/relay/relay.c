@@ -73,8 +73,6 @@ typedef struct RelayState
 	MemoryContext loop_cxt; /* reset every pass */
 	bool ready;             /* extension found, running as its role */
 	bool orphans_released;  /* the previous run's leases, at the first claim */
-	char *replica_problem;  /* obx._replica_problem, or NULL */
-	TimestampTz next_replica_check;
 	ObxProducer *producer;
 	bool rebuild_producer; /* Kafka settings changed */
 	TimestampTz next_producer_try;
@@ -495,42 +493,14 @@ relay_ready(void)
 	return true;
 }
 
-/*
- * Read obx._replica_problem again if OBX_REPLICA_CHECK_MS passed since the
- * last time (at once when the relay gets ready); log a WARNING when the
- * reason appears or changes, a LOG line when it goes.
- */
+/* Read obx._replica_problem again when due; say its reason in obx.workers too. */
 static void
 check_replica(void)
 {
-	char *problem;
-
-	if (GetCurrentTimestamp() < relay.next_replica_check)
-		return;
-	problem = obx_worker_replica_problem();
-	relay.next_replica_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														   OBX_REPLICA_CHECK_MS);
-	if (problem != NULL &&
-		(relay.replica_problem == NULL || strcmp(problem, relay.replica_problem) != 0))
-	{
-		ereport(WARNING,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("obx relay %d claims nothing in database \"%s\": %s",
-						relay.w.number, relay.w.database, problem),
-				 errdetail("The events there are copies, published by the relay of the "
-						   "database they come from."),
-				 errhint("Drop the subscription, or publish only your own schemas; the relay "
-						 "resumes by itself.")));
-		obx_status_error(relay.w.number, problem);
-	}
-	else if (problem == NULL && relay.replica_problem != NULL)
-		ereport(LOG,
-				(errmsg("obx relay %d resumes in database \"%s\": no subscription replicates "
-						"obx's tables any more",
-						relay.w.number, relay.w.database)));
-	if (relay.replica_problem != NULL)
-		pfree(relay.replica_problem);
-	relay.replica_problem = problem ? MemoryContextStrdup(TopMemoryContext, problem) : NULL;
+	if (obx_worker_check_replica(&relay.w, "claims nothing",
+								 "The events there are copies, published by the relay of the "
+								 "database they come from."))
+		obx_status_error(relay.w.number, relay.w.replica_problem);
 }
 
 /*
@@ -548,14 +518,14 @@ replica_guard(void)
 	int64 released;
 
 	check_replica();
-	if (relay.replica_problem != NULL)
+	if (relay.w.replica_problem != NULL)
 	{
 		if (relay.nflights > 0)
 			serve_flights();
 		else
 		{
 			set_state(OBX_STATE_LOGICAL_REPLICA);
-			wait_for_work(Max(1, Min(obx_poll_interval_ms, obx_ms_until(relay.next_replica_check))));
+			wait_for_work(Max(1, Min(obx_poll_interval_ms, obx_ms_until(relay.w.next_replica_check))));
 		}
 		return false;
 	}
