@@ -34,11 +34,11 @@ typedef struct ObxWorker
 	const char *database; /* the database it serves */
 	bool purges;          /* this worker runs the purge */
 	TimestampTz next_purge;
-	char *kafka_settings;   /* what its Kafka clients are built from */
-	bool said_waiting;      /* logged that the extension is missing */
-	bool as_role;           /* runs as obx.worker_role (take_worker_role) */
-	char *role_problem;     /* why it cannot, or NULL */
-	char *replica_problem;  /* obx._replica_problem's latest answer, or NULL */
+	char *kafka_settings;  /* what its Kafka clients are built from */
+	bool said_waiting;     /* logged that the extension is missing */
+	bool as_role;          /* runs as obx.worker_role (take_worker_role) */
+	char *role_problem;    /* why it cannot, or NULL */
+	char *replica_problem; /* obx._replica_problem's latest answer, or NULL */
 	TimestampTz next_replica_check;
 	WaitEventSet *wait_set; /* built at the first wait, kept */
 	pgsocket wait_fd;       /* watched besides the latch, or none */

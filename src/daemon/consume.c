@@ -76,7 +76,7 @@ static Sub *subs = NULL;
 static PGconn *control[MAX_DATABASES];
 static long long control_retry_at[MAX_DATABASES];
 static long long replica_check_at[MAX_DATABASES]; /* obx._replica_problem's next reading */
-static char *replica_problem[MAX_DATABASES];       /* its latest answer, or NULL */
+static char *replica_problem[MAX_DATABASES];      /* its latest answer, or NULL */
 static long long refresh_at = 0;
 
 static const char *list_sql =
