@@ -850,7 +850,9 @@ refresh_db(int db)
 	}
 	if (!replica_free(db))
 	{
-		drop_subs(db);
+		/* Not when the check failed: a broken session is no replica. */
+		if (replica_problem[db] != NULL)
+			drop_subs(db);
 		if (PQstatus(control[db]) != CONNECTION_OK)
 		{
 			PQfinish(control[db]);
