@@ -779,7 +779,7 @@ static bool
 replica_free(int db)
 {
 	PGresult *res;
-	char *problem = NULL;
+	bool free_of_it;
 
 	if (obx_now_us() < replica_check_at[db])
 		return replica_problem[db] == NULL;
@@ -792,21 +792,12 @@ replica_free(int db)
 		return false;
 	}
 	replica_check_at[db] = obx_now_us() + (long long) OBX_REPLICA_CHECK_MS * 1000;
-	if (!PQgetisnull(res, 0, 0))
-		problem = obx_xstrdup(PQgetvalue(res, 0, 0));
+	free_of_it = obx_replica_note(&replica_problem[db], res, PQdb(control[db]), "consumes nothing",
+								  "its subscriptions are copies; the consumers of the database "
+								  "they come from apply their messages",
+								  "consumes again");
 	PQclear(res);
-	if (problem != NULL && (replica_problem[db] == NULL || strcmp(problem, replica_problem[db]) != 0))
-		obx_say("WARNING", "consumes nothing in database \"%s\": %s (its subscriptions are "
-						   "copies; the consumers of the database they come from apply their "
-						   "messages; drop the subscription, or publish only your own schemas)",
-				PQdb(control[db]), problem);
-	else if (problem == NULL && replica_problem[db] != NULL)
-		obx_say("LOG", "consumes again in database \"%s\": no subscription replicates obx's "
-					   "tables any more",
-				PQdb(control[db]));
-	free(replica_problem[db]);
-	replica_problem[db] = problem;
-	return problem == NULL;
+	return free_of_it;
 }
 
 /* Close and forget the consumers of a database's subscriptions. */

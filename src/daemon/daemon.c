@@ -204,3 +204,29 @@ obx_session_open(const char *conninfo, const char *application_name, const char 
 	}
 	return conn;
 }
+
+/*
+ * Keep obx._replica_problem's answer (res, a successful result of it) in
+ * *problem, said once: a WARNING that the daemon does nothing in the
+ * database (idle, with what the copies get instead: detail) when a reason
+ * appears or changes, a LOG line (resumed) when it goes.  Returns whether
+ * the database is free of it.  The relay (obx_relay.c) and the consumer
+ * process (consume.c) read it each in its own session.
+ */
+bool
+obx_replica_note(char **problem, const PGresult *res, const char *database, const char *idle,
+				 const char *detail, const char *resumed)
+{
+	char *now = PQgetisnull(res, 0, 0) ? NULL : obx_xstrdup(PQgetvalue(res, 0, 0));
+
+	if (now != NULL && (*problem == NULL || strcmp(now, *problem) != 0))
+		obx_say("WARNING", "%s in database \"%s\": %s (%s; drop the subscription, or publish "
+						   "only your own schemas)",
+				idle, database, now, detail);
+	else if (now == NULL && *problem != NULL)
+		obx_say("LOG", "%s in database \"%s\": no subscription replicates obx's tables any more",
+				resumed, database);
+	free(*problem);
+	*problem = now;
+	return now == NULL;
+}

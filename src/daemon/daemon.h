@@ -83,6 +83,8 @@ extern void obx_array_start(Buf *b, uint32_t elem_type, int n);
 extern void obx_array_item(Buf *b, const char *p, size_t len);
 extern PGconn *obx_session_open(const char *conninfo, const char *application_name,
 								const char *what);
+extern bool obx_replica_note(char **problem, const PGresult *res, const char *database,
+							 const char *idle, const char *detail, const char *resumed);
 
 /* consume.c: the subscriptions obx-relay runs (obx_config.subscriptions). */
 extern bool obx_consume_enabled(void);

@@ -1221,7 +1221,7 @@ static bool
 replica_free(Database *db)
 {
 	PGresult *res;
-	char *problem = NULL;
+	bool free_of_it;
 
 	if (db->conn == NULL || obx_now_us() < db->replica_check_at)
 		return db->replica_problem == NULL;
@@ -1232,21 +1232,12 @@ replica_free(Database *db)
 			disconnect(db, "the connection broke");
 		return false;
 	}
-	if (!PQgetisnull(res, 0, 0))
-		problem = obx_xstrdup(PQgetvalue(res, 0, 0));
+	free_of_it = obx_replica_note(&db->replica_problem, res, PQdb(db->conn), "claims nothing",
+								  "its events are copies, published by the relay of the "
+								  "database they come from",
+								  "resumes");
 	PQclear(res);
-	if (problem != NULL &&
-		(db->replica_problem == NULL || strcmp(problem, db->replica_problem) != 0))
-		obx_say("WARNING", "claims nothing in database \"%s\": %s (its events are copies, "
-						   "published by the relay of the database they come from; drop the "
-						   "subscription, or publish only your own schemas)",
-				PQdb(db->conn), problem);
-	else if (problem == NULL && db->replica_problem != NULL)
-		obx_say("LOG", "resumes in database \"%s\": no subscription replicates obx's tables any more",
-				PQdb(db->conn));
-	free(db->replica_problem);
-	db->replica_problem = problem;
-	return problem == NULL;
+	return free_of_it;
 }
 
 /* One step of the outbox's rotation (obx._rotate), as housekeeping.c takes it. */
