@@ -368,6 +368,15 @@ SELECT c.*
  * once the partition it moves to is empty, under the claim lock, so that
  * a claim's lease ids and the events it can see change generation
  * together.  retention_s 0 keeps every event: no rotation.
+ *
+ * First the table of generations is made to agree with the events: a row
+ * for the current generation and for each of the two before it whose
+ * partition holds events, and none for an older one, whose partition is a
+ * newer generation's now (truncating it would take that generation's
+ * events).  They disagree only where obx's rows came from elsewhere: a
+ * restore from pg_dump, which dumps no row for generation 0 (CREATE
+ * EXTENSION makes it), or a logical replica, whose first copy of this
+ * table collides with that row and stops.
  */
 CREATE FUNCTION obx._rotate(retention_s float8)
 RETURNS text
@@ -383,6 +392,18 @@ BEGIN
 	IF retention_s <= 0 THEN
 		RETURN NULL;
 	END IF;
+	DELETE FROM obx.generations WHERE generation <= cur - 3;
+	INSERT INTO obx.generations (generation)
+	SELECT DISTINCT x.g
+	  FROM (SELECT cur
+			UNION ALL SELECT min(seq) >> 40 FROM obx.events_0
+			UNION ALL SELECT max(seq) >> 40 FROM obx.events_0
+			UNION ALL SELECT min(seq) >> 40 FROM obx.events_1
+			UNION ALL SELECT max(seq) >> 40 FROM obx.events_1
+			UNION ALL SELECT min(seq) >> 40 FROM obx.events_2
+			UNION ALL SELECT max(seq) >> 40 FROM obx.events_2) AS x(g)
+	 WHERE x.g BETWEEN cur - 2 AND cur
+	ON CONFLICT (generation) DO NOTHING;
 	SELECT * INTO g FROM obx.generations WHERE generation < cur ORDER BY generation LIMIT 1;
 	IF FOUND THEN
 		slot := g.generation % 3;
@@ -869,7 +890,8 @@ SELECT pg_catalog.pg_extension_config_dump('obx.records_0', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.records_1', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.records_2', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.event_states', '');
-SELECT pg_catalog.pg_extension_config_dump('obx.generations', '');
+/* Not generation 0's row: CREATE EXTENSION makes it, and a restore would collide with it. */
+SELECT pg_catalog.pg_extension_config_dump('obx.generations', 'WHERE generation <> 0');
 SELECT pg_catalog.pg_extension_config_dump('obx.lease_seq', '');
 
 /* ---------------------------------------------------------------------

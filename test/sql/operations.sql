@@ -249,6 +249,24 @@ RESET ROLE;
 DROP ROLE regress_obx_reader;
 
 --
+-- obx._rotate first makes the generations agree with the events: a row for
+-- the current generation, and none for one three or more behind it, whose
+-- partition is a newer generation's (truncating it would take that one's
+-- events).  As after a restore: the sequences in generation 3, whose
+-- partition holds generation 0's events, and a row left for generation 0.
+--
+SELECT last_value AS event_seq_was FROM obx.event_seq \gset
+SELECT count(*) > 0 AS generation_0_has_events FROM obx.events_0;
+SELECT generation FROM obx.generations;
+SELECT setval('obx.event_seq', 3::bigint << 40) >> 40 AS current_generation;
+SELECT obx._rotate(86400) AS rotate_did;
+SELECT generation FROM obx.generations;
+SELECT count(*) > 0 AS generation_0_events_kept FROM obx.events_0;
+DELETE FROM obx.generations;
+INSERT INTO obx.generations (generation) VALUES (0);
+SELECT setval('obx.event_seq', :event_seq_was) >> 40 AS current_generation;
+
+--
 -- The extension itself: version 1.1 (obx--1.0.sql, then obx--1.0--1.1.sql).
 -- Every object it creates is a member (DROP EXTENSION removes it, pg_dump re-creates it
 -- with CREATE EXTENSION and dumps none of it separately), nothing else
