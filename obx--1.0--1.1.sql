@@ -28,15 +28,36 @@ CREATE TABLE obx.generations (
 INSERT INTO obx.generations (generation) VALUES (0);
 
 /*
+ * The transaction-id space this database's rows come from (its era): a
+ * number drawn at random when obx is installed, the constant of this
+ * function.  Transaction ids and snapshots mean something only in the
+ * cluster that assigned them, but logical replication copies obx's rows
+ * into another cluster and pg_dump restores them into one: each event and
+ * each claim keeps the era it was written in, and a relay compares only its
+ * own era's transaction ids with its own snapshots.  A physical copy (a
+ * standby, a point-in-time recovery, pg_upgrade, CREATE DATABASE from a
+ * template) keeps the transaction ids and this function alike; CREATE
+ * EXTENSION in another cluster, and so a restore from pg_dump, draws a new
+ * era.  Two installs draw the same one with a chance of 1 in 2^31.
+ */
+DO $$
+BEGIN
+	EXECUTE format('CREATE FUNCTION obx._era() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS %L',
+				   'SELECT ' || (1 + floor(random() * 2147483646))::integer);
+END
+$$;
+
+/*
  * The events, in three partitions.  Inserted by obx.enqueue and never
  * written again.  xid is the inserting transaction's 64-bit id (an xid8 as
- * a bigint, which the planner can estimate ranges of): the claim finds
- * late committers by it.
+ * a bigint, which the planner can estimate ranges of) and era its space:
+ * the claim finds late committers by xid, among its own era's events.
  */
 CREATE TABLE obx.events (
 	id					uuid		NOT NULL,
 	seq					bigint		NOT NULL DEFAULT nextval('obx.event_seq'),
 	xid					bigint		NOT NULL DEFAULT pg_current_xact_id()::text::bigint,
+	era					integer		NOT NULL DEFAULT obx._era(),
 	aggregate_id		text		NOT NULL,
 	topic				text		NOT NULL,
 	event_key			text		NOT NULL,
@@ -52,9 +73,12 @@ CREATE TABLE obx.events_2 PARTITION OF obx.events FOR VALUES IN (2);
 CREATE UNIQUE INDEX events_0_id_idx ON obx.events_0 (id);
 CREATE UNIQUE INDEX events_1_id_idx ON obx.events_1 (id);
 CREATE UNIQUE INDEX events_2_id_idx ON obx.events_2 (id);
-/* The claim: from the floor in enqueue order, and late committers by xid. */
+/*
+ * The claim: from the floor in enqueue order, and late committers by xid
+ * (this era's only: another's are never late here).
+ */
 CREATE INDEX events_seq_idx ON obx.events (seq);
-CREATE INDEX events_xid_idx ON obx.events (xid);
+CREATE INDEX events_xid_idx ON obx.events (xid) WHERE era = obx._era();
 
 /*
  * Claims: one row per claimed batch, appended under the claim lock, never
@@ -65,6 +89,7 @@ CREATE INDEX events_xid_idx ON obx.events (xid);
  * took nothing appends a tick only (ids NULL) when the floor moved.
  * max_seq is the highest seq of the lease's events, or past every seq when
  * it holds one from obx.event_states (OBX_SQL_LEASE in protocol.h says why).
+ * era is the claim's (obx._era()): a tick of another era is no tick here.
  */
 CREATE TABLE obx.claims (
 	lease_id			bigint		NOT NULL,
@@ -72,6 +97,7 @@ CREATE TABLE obx.claims (
 	until				timestamptz NOT NULL,
 	claimed_at			timestamptz NOT NULL DEFAULT now(),
 	snap				pg_snapshot NOT NULL,
+	era					integer		NOT NULL DEFAULT obx._era(),
 	floor				bigint		NOT NULL,
 	max_seq				bigint,
 	ids					uuid[],
@@ -222,8 +248,9 @@ $$;
  * The events neither published nor held in obx.event_states, as of the
  * tick (floor, snap, tick) of the latest claim, in two parts: those at or
  * above the floor (_unpublished_from, read in seq order on the seq index),
- * and the late committers below it (_unpublished_late: transactions that
- * were running or not yet started when snap was taken, on the xid index).
+ * and the late committers below it (_unpublished_late: transactions of this
+ * era that were running or not yet started when snap was taken, on the xid
+ * index).
  * Each part is one SELECT, inlined into the claim, which reads each in seq
  * order up to the batch size: the planner merges the partitions' index
  * scans and stops early, which it does not do across a UNION ALL.
@@ -256,6 +283,7 @@ AS $$
 	 WHERE (e.xid >= pg_snapshot_xmax(_unpublished_late.snap)::text::bigint
 			OR e.xid = ANY (ARRAY(SELECT x::text::bigint
 									FROM pg_snapshot_xip(_unpublished_late.snap) x)))
+	   AND e.era = obx._era()
 	   AND e.seq + 0 < _unpublished_late.floor
 	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_late.floor,
 														  _unpublished_late.tick) p)
@@ -274,15 +302,22 @@ $$;
 /*
  * The latest tick: the floor, snapshot and lease id of the latest claim.
  * With no claim (a new install, or a database restored from pg_dump, which
- * keeps no claim: another cluster's transaction ids mean nothing here),
- * the tick before everything: every event and every record is read.
+ * keeps no claim), or when the latest claim is of another era (copied by
+ * logical replication: its snapshot names another cluster's transactions),
+ * the floor and snapshot before everything: every event and every record is
+ * read, and no transaction id compared.  The lease id is the latest claim's
+ * all the same, so that a claim can tell that obx.lease_seq is behind the
+ * claims (a relay's claim draws a higher one).
  */
 CREATE FUNCTION obx._tick()
 RETURNS TABLE (floor bigint, snap pg_snapshot, tick bigint)	/* a set: inlined */
 LANGUAGE sql STABLE
 AS $$
 	SELECT * FROM (
-		SELECT c.floor, c.snap, c.lease_id FROM obx.claims c ORDER BY c.lease_id DESC LIMIT 1) t
+		SELECT CASE WHEN c.era = obx._era() THEN c.floor ELSE 0 END,
+			   CASE WHEN c.era = obx._era() THEN c.snap ELSE '1:1:' END,
+			   c.lease_id
+		  FROM obx.claims c ORDER BY c.lease_id DESC LIMIT 1) t
 	UNION ALL
 	SELECT 0, '1:1:', 0
 	ORDER BY 3 DESC
@@ -318,8 +353,10 @@ $$;
 CREATE VIEW obx._latest_tick AS
 SELECT t.floor, t.snap, t.tick FROM (
 	SELECT * FROM (
-		SELECT c.floor, c.snap, c.lease_id AS tick FROM obx.claims c
-		 ORDER BY c.lease_id DESC LIMIT 1) x
+		SELECT CASE WHEN c.era = obx._era() THEN c.floor ELSE 0 END AS floor,
+			   CASE WHEN c.era = obx._era() THEN c.snap ELSE '1:1:' END AS snap,
+			   c.lease_id AS tick
+		  FROM obx.claims c ORDER BY c.lease_id DESC LIMIT 1) x
 	UNION ALL
 	SELECT 0, '1:1:', 0
 	ORDER BY 3 DESC
@@ -342,6 +379,7 @@ SELECT e.*
  WHERE e.seq < t.floor
    AND (e.xid >= pg_snapshot_xmax(t.snap)::text::bigint
 		OR e.xid = ANY (ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(t.snap) x)))
+   AND e.era = obx._era()
    AND e.id NOT IN (SELECT id FROM published)
    AND e.id NOT IN (SELECT id FROM held);
 
@@ -795,6 +833,8 @@ REVOKE ALL ON obx.generations, obx.events, obx.claims, obx.renewals, obx.records
 	obx.event_states, obx.outbox_events, obx.status, obx.leased_events,
 	obx.quarantine, obx.publish_latency_summary, obx.leases, obx._latest_tick,
 	obx._unpublished_events, obx._live_claims FROM PUBLIC;
+/* The era is no secret, and the status views, read as their reader, use it. */
+GRANT EXECUTE ON FUNCTION obx._era() TO PUBLIC;
 REVOKE ALL ON FUNCTION obx._published_ids(bigint, bigint),
 	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
 	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),
@@ -862,6 +902,8 @@ COMMENT ON TABLE obx.events IS
 	'Every event enqueued, inserted once and never updated; old generations are truncated after obx.retention';
 COMMENT ON COLUMN obx.events.seq IS
 	'Enqueue order; events of one topic and key are published in this order.  Bits 40 and up: the generation';
+COMMENT ON COLUMN obx.events.era IS
+	'The transaction-id space xid belongs to (obx._era() where the event was enqueued): another era''s xid means nothing here';
 COMMENT ON TABLE obx.claims IS
 	'Batches claimed by relay workers, one row each, never updated; each row is also a tick the next claim starts from';
 COMMENT ON TABLE obx.records IS

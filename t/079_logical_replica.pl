@@ -27,7 +27,14 @@
 # the publisher's claim lock) while the subscriber's relay starts afresh,
 # the moment a relay claims at once.  After the sequences are moved past
 # the copied rows and DROP SUBSCRIPTION, both relays of the subscriber
-# resume by themselves and publish its own new events, once each.
+# resume by themselves and publish its own new events, once each, over
+# several claims.  The publisher's transaction ids run over 3,000 ahead of the
+# subscriber's (an older cluster beside a new one, as in a blue/green
+# upgrade): the copied events and claims carry them, and the subscriber's
+# relays compare none of them with their own snapshots (obx._era()), so
+# they neither miss the subscriber's events nor send a copy again.  At the
+# cutover obx.lease_seq is moved last: until then both relays claim
+# nothing, write no claim, and say why (obx.workers and a WARNING each).
 use strict;
 use warnings;
 
@@ -170,6 +177,14 @@ is_deeply(effects_per_event($pub), { map { $_ => 1 } @before },
 	'the publisher applied each message once');
 is(handler_calls($sub), 0, 'the subscriber\'s handler was never called');
 
+# The publisher's transaction ids run far ahead of the subscriber's.
+$pub->safe_psql('postgres', q{
+	CREATE PROCEDURE burn_xids(n integer) LANGUAGE plpgsql AS $$
+	BEGIN
+		FOR i IN 1 .. n LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP;
+	END $$;
+	CALL burn_xids(5000)});
+
 # The publisher's relay is held back (a session holds its claim lock) while
 # events are enqueued there, so their copies wait on the subscriber
 # unpublished and unclaimed.
@@ -238,10 +253,24 @@ my $seqs = $pub->safe_psql('postgres', q{
 	SELECT (SELECT last_value FROM obx.event_seq) || ',' || (SELECT last_value FROM obx.lease_seq)
 	       || ',' || (SELECT last_value FROM shop.effects_n_seq)});
 my ($event_seq, $lease_seq, $effects_seq) = split /,/, $seqs;
+# obx.lease_seq is left behind at first: the relays claim nothing, say
+# why, and write no claim until it is moved.
 $sub->safe_psql('postgres',
-	"SELECT setval('obx.event_seq', $event_seq), setval('obx.lease_seq', $lease_seq),
-	        setval('shop.effects_n_seq', $effects_seq)");
+	"SELECT setval('obx.event_seq', $event_seq), setval('shop.effects_n_seq', $effects_seq)");
+my $cut_at = $sub->safe_psql('postgres', 'SELECT now()');
 $sub->safe_psql('postgres', 'DROP SUBSCRIPTION obx_sub');
+ok($sub->poll_query_until('postgres', q{
+	SELECT last_error LIKE 'obx.lease_seq is behind the claims copied into this database%'
+	  FROM obx.workers}), 'with obx.lease_seq behind, obx.workers says why the relay claims nothing');
+ok(wait_until(sub { sub_log() =~ /WARNING:  obx relay \d+ claims nothing: obx.lease_seq is behind/ },
+	'the subscriber\'s relay to warn of obx.lease_seq'), 'the subscriber\'s relay warned of obx.lease_seq');
+ok(wait_until(sub { relay_log($daemon) =~
+	/WARNING: claims nothing in database "postgres": obx.lease_seq is behind.*setval/ },
+	'obx-relay to warn of obx.lease_seq'), 'obx-relay warned of obx.lease_seq, naming the fix');
+is($sub->safe_psql('postgres',
+	"SELECT count(*) FROM obx.claims WHERE era = obx._era() AND claimed_at >= '$cut_at'"), '0',
+	'meanwhile neither relay wrote a claim');
+$sub->safe_psql('postgres', "SELECT setval('obx.lease_seq', $lease_seq)");
 ok($sub->poll_query_until('postgres', q{SELECT state = 'idle' FROM obx.workers}),
 	'after DROP SUBSCRIPTION the subscriber\'s relay is idle');
 ok(wait_until(sub { sub_log() =~ /LOG:  obx relay \d+ resumes in database "postgres"/ },
@@ -264,8 +293,15 @@ is_deeply(effects_per_event($sub), { map { $_ => 1 } @before, @after },
 	'each message applied once across the cutover: the earlier ones by the publisher, the later by the subscriber');
 is(handler_calls($sub), scalar(@after), 'the subscriber\'s handler ran for the later messages only');
 
-my @sub_ids = enqueue($sub, 1001, 20);
-ok(all_published($sub), 'the subscriber publishes its own events');
+cmp_ok($pub->safe_psql('postgres', 'SELECT pg_current_xact_id()::text::bigint'), '>',
+	3000 + $sub->safe_psql('postgres', 'SELECT pg_current_xact_id()::text::bigint'),
+	'the publisher\'s transaction ids are more than 3,000 ahead of the subscriber\'s');
+my @sub_ids;
+for my $round (0 .. 3)
+{
+	push @sub_ids, enqueue($sub, 1001 + 5 * $round, 5);
+	ok(all_published($sub), "the subscriber publishes its own events, round $round");
+}
 $msgs = wait_for_broker($mock, $topic, sub { @{ $_[0] } >= 60 }, 'the subscriber\'s events');
 is_deeply([ sort map { $_->{event_id} } @$msgs ], [ sort @pub_ids, @sub_ids ],
 	'the broker holds each event of both databases exactly once');

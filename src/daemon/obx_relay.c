@@ -113,6 +113,7 @@ typedef struct Database
 	long long claim_at;         /* the next claim, in microseconds; 0: at once */
 	long long replica_check_at; /* obx._replica_problem's next reading; 0: at once */
 	char *replica_problem;      /* its latest answer, or NULL */
+	bool lease_seq_behind;      /* said (protocol.h's OBX_LEASE_SEQ_BEHIND) */
 } Database;
 
 static const char *config_file = NULL;
@@ -924,6 +925,17 @@ claim(Database *db, Batch *batch)
 	snap = obx_xstrdup(PQgetvalue(res, 0, 1));
 	snprintf(tick, sizeof(tick), "%s", PQgetvalue(res, 0, 2));
 	PQclear(res);
+	if (atoll(lease_id) <= atoll(tick))
+	{
+		/* Claims nothing; said once, until a claim goes through. */
+		if (!db->lease_seq_behind)
+			obx_say("WARNING", "claims nothing in database \"%s\": " OBX_LEASE_SEQ_BEHIND ". %s",
+					PQdb(db->conn), atoll(lease_id), atoll(tick), OBX_LEASE_SEQ_BEHIND_HINT);
+		db->lease_seq_behind = true;
+		ok = exec(db, "COMMIT");
+		goto done;
+	}
+	db->lease_seq_behind = false;
 	snprintf(batch_size, sizeof(batch_size), "%d", obx_config.batch_size);
 	{
 		const char *params[5] = {obx_config.quarantine_blocks_key ? "t" : "f", batch_size, floor,

@@ -29,20 +29,34 @@
 /* The claim lock is taken first (obx_claim_lock), then the lease id is drawn. */
 #define OBX_SQL_LEASE_ID "SELECT pg_catalog.nextval('obx.lease_seq')"
 
-/* The tick the claim starts from: the latest claim's floor, snapshot, id. */
+/*
+ * The tick the claim starts from: the latest claim's floor, snapshot, id.
+ * Its id is the latest claim's whatever its era; a lease id drawn after the
+ * claim lock that is not above it means obx.lease_seq is behind the claims,
+ * which happens only where they were copied in (logical replication): the
+ * claim stops there, with OBX_LEASE_SEQ_BEHIND.
+ */
 #define OBX_SQL_TICK "SELECT t.floor, t.snap, t.tick FROM obx._tick() t"
+#define OBX_LEASE_SEQ_BEHIND                                                                             \
+	"obx.lease_seq is behind the claims copied into this database: a claim drew lease %lld, the latest " \
+	"claim is %lld"
+#define OBX_LEASE_SEQ_BEHIND_HINT                                                                       \
+	"Before a subscriber of obx's tables publishes, setval its obx.event_seq and obx.lease_seq to the " \
+	"publisher's last_value (docs/operations.md, Logical replication)."
 
 /*
  * The claimable events in seq order ($1: obx.quarantine_blocks_key, $2:
  * obx.batch_size, $3-$5: the tick), each with its payload as stored and
  * its inserting transaction (NULL for an event claimed from
- * obx.event_states: it failed, or was published, before).  Each part is
- * read in seq order up to the batch size, but for the late committers:
- * they are few, and found on the xid index, which an ORDER BY seq ... LIMIT
- * would trade for a walk of the seq index below the floor (the floor's
- * min(seq + 0) avoids the same).  The keys held back (blocked) may repeat:
- * NOT IN needs no distinct rows, and making them distinct cost a backlog's
- * claims a hash of thousands of keys each (docs/benchmarks.md).
+ * obx.event_states: it failed, or was published, before; and for one of
+ * another era, copied in: its commit here was durable before a relay could
+ * claim it).  Each part is read in seq order up to the batch size, but for
+ * the late committers: they are few, and found on the xid index, which an
+ * ORDER BY seq ... LIMIT would trade for a walk of the seq index below the
+ * floor (the floor's min(seq + 0) avoids the same).  The keys held back
+ * (blocked) may repeat: NOT IN needs no distinct rows, and making them
+ * distinct cost a backlog's claims a hash of thousands of keys each
+ * (docs/benchmarks.md).
  */
 #define OBX_SQL_CLAIM                                                                       \
 	"WITH blocked AS MATERIALIZED ("                                                        \
@@ -64,7 +78,8 @@
 	"            FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"          \
 	"       c.xid, c.occurred_at"                                                           \
 	"  FROM ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"           \
-	"                0 AS attempts, u.headers, u.xid, u.occurred_at"                        \
+	"                0 AS attempts, u.headers,"                                             \
+	"                CASE WHEN u.era = obx._era() THEN u.xid END AS xid, u.occurred_at"     \
 	"           FROM obx._unpublished_from($3, $5) u"                                       \
 	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)"  \
 	"          ORDER BY u.seq LIMIT $2)"                                                    \

@@ -59,6 +59,8 @@
 
 #include "obx.h"
 #include "compat.h"
+#include "log_repeat.h"
+#include "status.h"
 #include "turns.h"
 #include "worker.h"
 #include "outbox.h"
@@ -362,6 +364,29 @@ read_tick(ClaimTick *tick)
 }
 
 /*
+ * Whether obx.lease_seq is behind the latest claim (protocol.h's
+ * OBX_SQL_TICK): the claim then takes nothing, and says why in obx.workers
+ * and, once a minute at most, in the log.
+ */
+static bool
+lease_seq_behind(int worker, int64 lease_id, int64 latest)
+{
+	int64 suppressed;
+	char *why;
+
+	if (lease_id > latest)
+		return false;
+	why = psprintf(OBX_LEASE_SEQ_BEHIND, (long long) lease_id, (long long) latest);
+	if (obx_log_allowed("claim: lease_seq behind", &suppressed))
+		ereport(WARNING,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("obx relay %d claims nothing: %s", worker, why),
+				 errhint(OBX_LEASE_SEQ_BEHIND_HINT)));
+	obx_status_error(worker, why);
+	return true;
+}
+
+/*
  * Run the claim under a snapshot of its own, leaving its rows in
  * SPI_tuptable, and the new tick (floor, snapshot) in next, taken under
  * the same snapshot.  Returns the count of changes, read before the
@@ -568,6 +593,13 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	}
 
 	read_tick(&from);
+	if (lease_seq_behind(worker, lease_id, DatumGetInt64(from.tick)))
+	{
+		obx_step_end(caller);
+		batch->nevents = 0;
+		batch->full = false;
+		return false;
+	}
 	changes = claim_select(&from, &next, &wal);
 	take_batch(batch, lease_id, caller, &lease, &wal);
 	/* A claim that took nothing leaves a tick only when its floor moved. */
