@@ -7,7 +7,9 @@
 # while more are enqueued, and is dumped.  The dump is restored as the
 # docs say: into a server whose relay does not serve the database, which
 # then gets its workers back.  On the new cluster, after its relay has made
-# many claims (one per batch enqueued there):
+# many claims (one per batch enqueued there), half of them after its own
+# transaction ids have passed the old ones (its claims then look for late
+# committers among ids that restored events carry too):
 #   - no event published on the old cluster is sent again;
 #   - every event pending in the dump is published exactly once;
 #   - every event enqueued after the restore is published exactly once;
@@ -94,6 +96,21 @@ for my $b (1 .. 6)
 {
 	push @fresh, enqueue($new, "new_$b", 5);
 	ok(all_published($new), "the new cluster published its batch $b");
+	next unless $b == 3;
+	# The new cluster's transaction ids then pass every restored one, so
+	# that its claims' ranges of late committers sweep over the old ids.
+	my $n = $new->safe_psql('postgres',
+		'SELECT max(xid) + 100 - pg_current_xact_id()::text::bigint FROM obx.events');
+	$new->safe_psql('postgres', qq{
+		CREATE PROCEDURE burn(n bigint) LANGUAGE plpgsql AS \$\$
+		BEGIN
+			FOR i IN 1..n LOOP PERFORM txid_current(); COMMIT; END LOOP;
+		END \$\$;
+		CALL burn($n);
+		DROP PROCEDURE burn(bigint);});
+	is($new->safe_psql('postgres',
+		'SELECT max(xid) < pg_current_xact_id()::text::bigint FROM obx.events WHERE era <> obx._era()'),
+		't', 'the new cluster\'s transaction ids have passed every restored event\'s');
 }
 my $claims = $new->safe_psql('postgres', 'SELECT count(*) FROM obx.claims WHERE ids IS NOT NULL');
 cmp_ok($claims, '>=', 7, "the new cluster's relay made at least one claim per batch ($claims)");
