@@ -879,6 +879,26 @@ claim_lock_session(Database *db, bool lock)
 }
 
 /*
+ * Whether the lease id drawn is above the latest claim's (protocol.h's
+ * OBX_SQL_TICK).  If not, the claim takes nothing; said once, until a
+ * claim goes through.
+ */
+static bool
+lease_seq_ok(Database *db, const char *lease_id, const char *tick)
+{
+	if (atoll(lease_id) > atoll(tick))
+	{
+		db->lease_seq_behind = false;
+		return true;
+	}
+	if (!db->lease_seq_behind)
+		obx_say("WARNING", "claims nothing in database \"%s\": " OBX_LEASE_SEQ_BEHIND ". %s",
+				PQdb(db->conn), atoll(lease_id), atoll(tick), OBX_LEASE_SEQ_BEHIND_HINT);
+	db->lease_seq_behind = true;
+	return false;
+}
+
+/*
  * claim
  *		Lease up to batch_size publishable events; returns how many, or -1
  *		if the database failed.
@@ -925,17 +945,8 @@ claim(Database *db, Batch *batch)
 	snap = obx_xstrdup(PQgetvalue(res, 0, 1));
 	snprintf(tick, sizeof(tick), "%s", PQgetvalue(res, 0, 2));
 	PQclear(res);
-	if (atoll(lease_id) <= atoll(tick))
-	{
-		/* Claims nothing; said once, until a claim goes through. */
-		if (!db->lease_seq_behind)
-			obx_say("WARNING", "claims nothing in database \"%s\": " OBX_LEASE_SEQ_BEHIND ". %s",
-					PQdb(db->conn), atoll(lease_id), atoll(tick), OBX_LEASE_SEQ_BEHIND_HINT);
-		db->lease_seq_behind = true;
-		ok = exec(db, "COMMIT");
+	if (!lease_seq_ok(db, lease_id, tick))
 		goto done;
-	}
-	db->lease_seq_behind = false;
 	snprintf(batch_size, sizeof(batch_size), "%d", obx_config.batch_size);
 	{
 		const char *params[5] = {obx_config.quarantine_blocks_key ? "t" : "f", batch_size, floor,
