@@ -580,10 +580,8 @@ typedef struct Statement
 } Statement;
 
 static const Statement statements[] = {
-	{"obx_lease_id", OBX_SQL_LEASE_ID, 0, {0}},
 	{"obx_tick", OBX_SQL_TICK, 0, {0}},
-	{"obx_claim", OBX_SQL_CLAIM, 5, {BOOLOID, INT4OID, INT8OID, PGSNAPSHOTOID, INT8OID}},
-	{"obx_floor", OBX_SQL_FLOOR, 4, {INT8OID, PGSNAPSHOTOID, INT8OID, INT8OID}},
+	{"obx_claim", OBX_SQL_CLAIM, 6, {BOOLOID, INT4OID, INT8OID, PGSNAPSHOTOID, INT8OID, INT8OID}},
 	{"obx_lease", OBX_SQL_LEASE, 9, {INT8OID, INT4OID, FLOAT8OID, PGSNAPSHOTOID, INT8OID, INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID}},
 	{"obx_record", OBX_SQL_RECORD, 6, {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TSTZARRAYOID, INT8OID, INT8OID}},
 	{"obx_held_published", OBX_SQL_HELD_PUBLISHED, 2, {UUIDARRAYOID, TSTZARRAYOID}},
@@ -769,12 +767,13 @@ format_uuid(char *out, const unsigned char *u)
 
 /*
  * The claim's rows (binary) into the batch, in seq order, until their
- * payloads pass OBX_BATCH_BYTES.
+ * payloads pass OBX_BATCH_BYTES.  A lone row with no seq is the new tick
+ * of a claim that found nothing.
  */
 static void
 take_batch(Batch *batch, PGresult *rows)
 {
-	int nrows = PQntuples(rows);
+	int nrows = PQgetisnull(rows, 0, 0) ? 0 : PQntuples(rows);
 	long long bytes = 0;
 	int n = 0;
 
@@ -905,9 +904,8 @@ lease_seq_ok(Database *db, const char *lease_id, const char *tick)
  *
  * Inside the claim lock (held by the session around the transaction, so
  * that the transaction's snapshot, taken by its first statement, sees
- * every claim before it), in one REPEATABLE READ transaction: the lease
- * id, the tick, the claim and the new floor under one snapshot, the
- * claim's row.  Its commit is synchronous: it flushes the WAL past every
+ * every claim before it), in one REPEATABLE READ transaction: the tick
+ * and the lease id, the claim with the new tick, the claim's row.  Its commit is synchronous: it flushes the WAL past every
  * commit it saw, and waits for the synchronous standbys, before anything
  * of it is produced.
  */
@@ -918,6 +916,7 @@ claim(Database *db, Batch *batch)
 	PGresult *rows = NULL;
 	char lease_id[32];
 	char floor[32];
+	long long next_floor;
 	char *snap = NULL;
 	char tick[32];
 	char batch_size[16];
@@ -935,30 +934,21 @@ claim(Database *db, Batch *batch)
 	if (!exec(db, "BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL synchronous_commit = on;"
 				  " SET LOCAL enable_seqscan = off; SET LOCAL plan_cache_mode = force_generic_plan"))
 		goto done;
-	if ((res = run(db, "obx_lease_id", NULL, 0)) == NULL)
-		goto done;
-	snprintf(lease_id, sizeof(lease_id), "%s", PQgetvalue(res, 0, 0));
-	PQclear(res);
 	if ((res = run(db, "obx_tick", NULL, 0)) == NULL)
 		goto done;
 	snprintf(floor, sizeof(floor), "%s", PQgetvalue(res, 0, 0));
 	snap = obx_xstrdup(PQgetvalue(res, 0, 1));
 	snprintf(tick, sizeof(tick), "%s", PQgetvalue(res, 0, 2));
+	snprintf(lease_id, sizeof(lease_id), "%s", PQgetvalue(res, 0, 3));
 	PQclear(res);
 	if (!lease_seq_ok(db, lease_id, tick))
 		goto done;
 	snprintf(batch_size, sizeof(batch_size), "%d", obx_config.batch_size);
 	{
-		const char *params[5] = {obx_config.quarantine_blocks_key ? "t" : "f", batch_size, floor,
-								 snap, tick};
+		const char *params[6] = {obx_config.quarantine_blocks_key ? "t" : "f", batch_size, floor,
+								 snap, tick, FLOOR_NONE};
 
 		if ((rows = run(db, "obx_claim", params, 1)) == NULL)
-			goto done;
-	}
-	{
-		const char *params[4] = {floor, snap, tick, FLOOR_NONE};
-
-		if ((res = run(db, "obx_floor", params, 0)) == NULL)
 			goto done;
 	}
 	batch->lease_id = atoll(lease_id);
@@ -966,13 +956,14 @@ claim(Database *db, Batch *batch)
 	rows = NULL;
 	lease_arrays(batch, &ids, &topics, &keys);
 	/* A claim that took nothing leaves a tick only when its floor moved. */
-	if (batch->nevents > 0 || strcmp(PQgetvalue(res, 0, 0), floor) != 0)
+	next_floor = be64(PQgetvalue(batch->rows, 0, OBX_CLAIM_FLOOR_COL - 1));
+	if (batch->nevents > 0 || next_floor != atoll(floor))
 	{
+		/* The new tick goes back as the claim gave it, in binary. */
 		const char *params[9];
-		int lengths[9] = {0, 0, 0, 0, 0, 0, (int) ids.len, (int) topics.len, (int) keys.len};
-		int formats[9] = {0, 0, 0, 0, 0, 0, 1, 1, 1};
-		char *next_floor = obx_xstrdup(PQgetvalue(res, 0, 0));
-		char *next_snap = obx_xstrdup(PQgetvalue(res, 0, 1));
+		int lengths[9] = {0, 0, 0, PQgetlength(batch->rows, 0, OBX_CLAIM_SNAP_COL - 1),
+						  8, 0, (int) ids.len, (int) topics.len, (int) keys.len};
+		int formats[9] = {0, 0, 0, 1, 1, 0, 1, 1, 1};
 
 		snprintf(lease_s, sizeof(lease_s), "%d", batch->nevents > 0 ? obx_config.lease_timeout_s : 0);
 		snprintf(max_seq, sizeof(max_seq), "%lld", batch->max_seq);
@@ -980,20 +971,17 @@ claim(Database *db, Batch *batch)
 		params[0] = lease_id;
 		params[1] = relay_id;
 		params[2] = lease_s;
-		params[3] = next_snap;
-		params[4] = next_floor;
+		params[3] = PQgetvalue(batch->rows, 0, OBX_CLAIM_SNAP_COL - 1);
+		params[4] = PQgetvalue(batch->rows, 0, OBX_CLAIM_FLOOR_COL - 1);
 		params[5] = batch->nevents > 0 ? max_seq : NULL;
 		params[6] = batch->nevents > 0 ? ids.data : NULL;
 		params[7] = batch->nevents > 0 ? topics.data : NULL;
 		params[8] = batch->nevents > 0 ? keys.data : NULL;
-		PQclear(res);
 		res = run_binary(db, "obx_lease", params, lengths, formats, 0);
-		free(next_floor);
-		free(next_snap);
 		if (res == NULL)
 			goto done;
+		PQclear(res);
 	}
-	PQclear(res);
 	ok = exec(db, "COMMIT");
 done:
 	if (!ok && PQstatus(db->conn) == CONNECTION_OK)

@@ -26,17 +26,17 @@
 #define OBX_CLAIM_LOCK_CLASS  0x6f6278
 #define OBX_CLAIM_LOCK_OBJECT 1
 
-/* The claim lock is taken first (obx_claim_lock), then the lease id is drawn. */
-#define OBX_SQL_LEASE_ID "SELECT pg_catalog.nextval('obx.lease_seq')"
-
 /*
- * The tick the claim starts from: the latest claim's floor, snapshot, id.
- * Its id is the latest claim's whatever its era; a lease id drawn after the
- * claim lock that is not above it means obx.lease_seq is behind the claims,
- * which happens only where they were copied in (logical replication): the
- * claim stops there, with OBX_LEASE_SEQ_BEHIND.
+ * What a claim reads first, once it holds the claim lock (obx_claim_lock):
+ * the tick it starts from (the latest claim's floor, snapshot and id), and
+ * its own lease id, drawn under the lock.  The tick's id is the latest
+ * claim's whatever its era; a lease id that is not above it means
+ * obx.lease_seq is behind the claims, which happens only where they were
+ * copied in (logical replication): the claim stops there, with
+ * OBX_LEASE_SEQ_BEHIND.
  */
-#define OBX_SQL_TICK "SELECT t.floor, t.snap, t.tick FROM obx._tick() t"
+#define OBX_SQL_TICK \
+	"SELECT t.floor, t.snap, t.tick, pg_catalog.nextval('obx.lease_seq') FROM obx._tick() t"
 #define OBX_LEASE_SEQ_BEHIND                                                                             \
 	"obx.lease_seq is behind the claims copied into this database: a claim drew lease %lld, the latest " \
 	"claim is %lld"
@@ -45,18 +45,26 @@
 	"publisher's last_value (docs/operations.md, Logical replication)."
 
 /*
- * The claimable events in seq order ($1: obx.quarantine_blocks_key, $2:
- * obx.batch_size, $3-$5: the tick), each with its payload as stored and
- * its inserting transaction (NULL for an event claimed from
- * obx.event_states: it failed, or was published, before; and for one of
- * another era, copied in: its commit here was durable before a relay could
- * claim it).  Each part is read in seq order up to the batch size, but for
- * the late committers: they are few, and found on the xid index, which an
- * ORDER BY seq ... LIMIT would trade for a walk of the seq index below the
- * floor (the floor's min(seq + 0) avoids the same).  The keys held back
- * (blocked) may repeat: NOT IN needs no distinct rows, and making them
- * distinct cost a backlog's claims a hash of thousands of keys each
- * (docs/benchmarks.md).
+ * The claim, one statement under one snapshot ($1: obx.quarantine_blocks_key,
+ * $2: obx.batch_size, $3-$5: the tick it starts from, $6: a floor past
+ * every seq).  Its rows are the claimable events in seq order, each with
+ * its payload as stored and its inserting transaction (NULL for an event
+ * claimed from obx.event_states: it failed, or was published, before; and
+ * for one of another era, copied in: its commit here was durable before a
+ * relay could claim it), and each carries the new tick: the lowest
+ * unpublished seq (the events claimed now included: they are not published
+ * yet, and so are the events of the keys held back) and the snapshot
+ * itself.  Nothing claimable gives one row, the new tick's, with a NULL
+ * seq.
+ * Each part is read in seq order up to the batch size, but for the late
+ * committers: they are few, and found on the xid index, which an ORDER BY
+ * seq ... LIMIT would trade for a walk of the seq index below the floor.
+ * They are read once, for the claim and for the floor alike (late): a
+ * second reading started every partition's scans again on every claim,
+ * which is most of what a claim costs at a steady rate
+ * (docs/benchmarks.md).  The keys held back (blocked) may repeat: NOT IN
+ * needs no distinct rows, and making them distinct cost a backlog's claims
+ * a hash of thousands of keys each.
  */
 #define OBX_SQL_CLAIM                                                                       \
 	"WITH blocked AS MATERIALIZED ("                                                        \
@@ -70,24 +78,33 @@
 	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                              \
 	"     AND (s.next_attempt_at > pg_catalog.now()"                                        \
 	"          OR (s.quarantined_at IS NOT NULL AND $1))"                                   \
+	"), late AS MATERIALIZED ("                                                             \
+	"  SELECT u.* FROM obx._unpublished_late($3, $4, $5) u"                                 \
 	")"                                                                                     \
 	"SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"                                  \
 	"       c.event_type, c.attempts,"                                                      \
 	"       CASE WHEN c.headers IS NOT NULL THEN"                                           \
 	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"                          \
 	"            FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"          \
-	"       c.xid, c.occurred_at"                                                           \
-	"  FROM ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"           \
+	"       c.xid, c.occurred_at, t.floor, t.snap"                                          \
+	"  FROM (SELECT coalesce(least((SELECT u.seq FROM obx._unpublished_from($3, $5) u"      \
+	"                               ORDER BY u.seq LIMIT 1),"                               \
+	"                              (SELECT pg_catalog.min(l.seq) FROM late l)),"            \
+	"                        $6) AS floor,"                                                 \
+	"               pg_catalog.pg_current_snapshot() AS snap) t"                            \
+	"  LEFT JOIN ("                                                                         \
+	"   SELECT c.* FROM"                                                                    \
+	"       ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"           \
 	"                0 AS attempts, u.headers,"                                             \
 	"                CASE WHEN u.era = obx._era() THEN u.xid END AS xid, u.occurred_at"     \
 	"           FROM obx._unpublished_from($3, $5) u"                                       \
 	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)"  \
 	"          ORDER BY u.seq LIMIT $2)"                                                    \
 	"        UNION ALL"                                                                     \
-	"        (SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"           \
-	"                0, u.headers, u.xid, u.occurred_at"                                    \
-	"           FROM obx._unpublished_late($3, $4, $5) u"                                   \
-	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked))" \
+	"        (SELECT l.seq, l.id, l.topic, l.event_key, l.payload, l.event_type,"           \
+	"                0, l.headers, l.xid, l.occurred_at"                                    \
+	"           FROM late l"                                                                \
+	"          WHERE (l.topic, l.event_key) NOT IN (SELECT topic, event_key FROM blocked))" \
 	"        UNION ALL"                                                                     \
 	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"           \
 	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at"           \
@@ -97,8 +114,11 @@
 	"            AND s.next_attempt_at <= pg_catalog.now()"                                 \
 	"            AND (s.topic, s.event_key) NOT IN (SELECT topic, event_key FROM blocked)"  \
 	"          ORDER BY s.seq LIMIT $2)) c"                                                 \
-	" ORDER BY c.seq"                                                                       \
-	" LIMIT $2"
+	"    ORDER BY c.seq LIMIT $2) c ON true"                                                \
+	" ORDER BY c.seq"
+/* The columns of the claim's rows that hold the new tick (counted from 1). */
+#define OBX_CLAIM_FLOOR_COL 11
+#define OBX_CLAIM_SNAP_COL  12
 
 /*
  * A claim stops taking events once their payloads reach this many bytes
@@ -107,18 +127,6 @@
  * of them.
  */
 #define OBX_BATCH_BYTES (16 * 1024 * 1024)
-
-/*
- * The new tick, under the claim's snapshot: the lowest unpublished seq
- * (the events just claimed included: they are not published yet), and
- * the snapshot itself.
- */
-#define OBX_SQL_FLOOR                                                                                     \
-	"SELECT coalesce(least((SELECT u.seq FROM obx._unpublished_from($1, $3) u"                            \
-	"                        ORDER BY u.seq LIMIT 1),"                                                    \
-	"                      (SELECT pg_catalog.min(u.seq + 0) FROM obx._unpublished_late($1, $2, $3) u))," \
-	"                $4),"                                                                                \
-	"       pg_catalog.pg_current_snapshot()"
 
 /*
  * The claim's row: its lease (none for a tick alone) and its tick.  Its

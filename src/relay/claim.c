@@ -29,9 +29,9 @@
  * lock, so claims after a tick have higher ids than the tick's; that is how
  * the claim bounds the records and leases it reads.
  *
- * The claim's and the floor's plans are generic (planning them costs more
- * than running them), built with enable_seqscan off: whatever the tick's
- * values, each part must walk its index (seq from the floor, xid from the
+ * The claim's plan is generic (planning it costs more than running it),
+ * built with enable_seqscan off: whatever the tick's values, each part
+ * must walk its index (seq from the floor, xid from the
  * horizon), never the table, whose retained events it does not need.
  *
  *-------------------------------------------------------------------------
@@ -69,10 +69,8 @@
 /* A floor past every seq: every event the tick's snapshot saw is published. */
 #define OBX_FLOOR_NONE PG_INT64_MAX
 
-static SPIPlanPtr lease_id_plan = NULL;
 static SPIPlanPtr tick_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
-static SPIPlanPtr floor_plan = NULL;
 static SPIPlanPtr lease_plan = NULL;
 
 /* The tick a claim starts from, and the one it leaves. */
@@ -107,24 +105,18 @@ typedef struct ClaimLease
 /* Set when a wait for the synchronous standby was interrupted. */
 static volatile sig_atomic_t sync_wait_interrupted = false;
 
-/*
- * The claim and the floor are planned for their tick (see above); the rest
- * are the same whatever their parameters.
- */
+/* The claim is planned for its tick (see above), the rest for any parameters. */
 static void
 claim_prepare_plans(void)
 {
-	Oid claim_types[5] = {BOOLOID, INT4OID, INT8OID, PG_SNAPSHOTOID, INT8OID};
-	Oid floor_types[4] = {INT8OID, PG_SNAPSHOTOID, INT8OID, INT8OID};
+	Oid claim_types[6] = {BOOLOID, INT4OID, INT8OID, PG_SNAPSHOTOID, INT8OID, INT8OID};
 	Oid lease_types[9] = {INT8OID, INT4OID, FLOAT8OID, PG_SNAPSHOTOID, INT8OID,
 						  INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID};
 
 	if (claim_plan != NULL)
 		return;
-	lease_id_plan = obx_prepare_kept_generic(OBX_SQL_LEASE_ID, 0, NULL);
 	tick_plan = obx_prepare_kept_generic(OBX_SQL_TICK, 0, NULL);
-	claim_plan = obx_prepare_kept_generic(OBX_SQL_CLAIM, 5, claim_types);
-	floor_plan = obx_prepare_kept_generic(OBX_SQL_FLOOR, 4, floor_types);
+	claim_plan = obx_prepare_kept_generic(OBX_SQL_CLAIM, 6, claim_types);
 	lease_plan = obx_prepare_kept_generic(OBX_SQL_LEASE, 9, lease_types);
 }
 
@@ -329,31 +321,20 @@ release_claim(ObxBatch *batch)
 	obx_note_change();
 }
 
-/* Take the claim lock, then draw the lease id. */
+/*
+ * Take the claim lock, then read the tick the claim starts from into tick
+ * (copied into the step's memory) and draw the lease id, which it returns.
+ */
 static int64
-claim_start(void)
-{
-	bool isnull;
-	int rc;
-
-	obx_claim_lock();
-	rc = SPI_execute_plan(lease_id_plan, NULL, NULL, false, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "obx could not draw a lease id: %s", SPI_result_code_string(rc));
-	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									   SPI_tuptable->tupdesc, 1, &isnull));
-}
-
-/* Read the tick the claim starts from into tick (copied into the step's memory). */
-static void
-read_tick(ClaimTick *tick)
+claim_start(ClaimTick *tick)
 {
 	HeapTuple tup;
 	TupleDesc desc;
 	bool isnull;
 	int rc;
 
-	rc = SPI_execute_plan(tick_plan, NULL, NULL, true, 1);
+	obx_claim_lock();
+	rc = SPI_execute_plan(tick_plan, NULL, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "obx could not read the latest tick: %s", SPI_result_code_string(rc));
 	tup = SPI_tuptable->vals[0];
@@ -361,6 +342,7 @@ read_tick(ClaimTick *tick)
 	tick->floor = SPI_getbinval(tup, desc, 1, &isnull);
 	tick->snap = datumCopy(SPI_getbinval(tup, desc, 2, &isnull), false, -1);
 	tick->tick = SPI_getbinval(tup, desc, 3, &isnull);
+	return DatumGetInt64(SPI_getbinval(tup, desc, 4, &isnull));
 }
 
 /*
@@ -387,21 +369,20 @@ lease_seq_behind(int worker, int64 lease_id, int64 latest)
 }
 
 /*
- * Run the claim under a snapshot of its own, leaving its rows in
- * SPI_tuptable, and the new tick (floor, snapshot) in next, taken under
- * the same snapshot.  Returns the count of changes, read before the
- * snapshot is taken; the WAL positions and the asynchronous commits are
- * read after it.
+ * Run the claim under a snapshot of its own, leaving the events it found
+ * in SPI_tuptable (SPI_processed 0 for its lone row when it found none),
+ * and the new tick (floor, snapshot) its rows carry in next.  Returns the
+ * count of changes, read before the snapshot is taken; the WAL positions
+ * and the asynchronous commits are read after it.
  */
 static uint64
 claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 {
-	Datum args[5];
-	Datum floor_args[4];
+	Datum args[6];
 	uint64 changes;
 	Snapshot snapshot;
-	SPITupleTable *claimed;
-	uint64 nclaimed;
+	HeapTuple first;
+	TupleDesc desc;
 	bool isnull;
 	int rc;
 
@@ -410,6 +391,7 @@ claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 	args[2] = from->floor;
 	args[3] = from->snap;
 	args[4] = from->tick;
+	args[5] = Int64GetDatum(OBX_FLOOR_NONE);
 	wal->flush_upto = InvalidXLogRecPtr;
 	wal->last_xmin = InvalidTransactionId;
 
@@ -419,28 +401,17 @@ claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 	wal->settled = obx_async_commits_settled(&wal->flush_upto);
 	rc = SPI_execute_snapshot(claim_plan, args, NULL, snapshot, InvalidSnapshot,
 							  true, false, 0);
-	if (rc != SPI_OK_SELECT)
+	if (rc != SPI_OK_SELECT || SPI_processed < 1)
 		elog(ERROR, "obx claim failed: %s", SPI_result_code_string(rc));
-	claimed = SPI_tuptable;
-	nclaimed = SPI_processed;
-
-	floor_args[0] = from->floor;
-	floor_args[1] = from->snap;
-	floor_args[2] = from->tick;
-	floor_args[3] = Int64GetDatum(OBX_FLOOR_NONE);
-	rc = SPI_execute_snapshot(floor_plan, floor_args, NULL, snapshot, InvalidSnapshot,
-							  true, false, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "obx could not find the new floor: %s", SPI_result_code_string(rc));
-	next->floor = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	next->snap = datumCopy(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
-										 &isnull),
-						   false, -1);
 	UnregisterSnapshot(snapshot);
 
-	/* The claim's rows are what the caller reads. */
-	SPI_tuptable = claimed;
-	SPI_processed = nclaimed;
+	first = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	next->floor = SPI_getbinval(first, desc, OBX_CLAIM_FLOOR_COL, &isnull);
+	next->snap = datumCopy(SPI_getbinval(first, desc, OBX_CLAIM_SNAP_COL, &isnull), false, -1);
+	(void) SPI_getbinval(first, desc, 1, &isnull);
+	if (isnull)
+		SPI_processed = 0;
 	return changes;
 }
 
@@ -581,7 +552,7 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	(void) set_config_option("enable_seqscan", "off", PGC_SUSET,
 							 PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
 	claim_prepare_plans();
-	lease_id = claim_start();
+	lease_id = claim_start(&from);
 
 	/* The claim this one waited for may have taken everything. */
 	if (!force && obx_claim_pointless())
@@ -592,7 +563,6 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 		return false;
 	}
 
-	read_tick(&from);
 	if (lease_seq_behind(worker, lease_id, DatumGetInt64(from.tick)))
 	{
 		obx_step_end(caller);
