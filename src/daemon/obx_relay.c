@@ -97,6 +97,7 @@ typedef struct Batch
 	int in_flight;
 	bool full;
 	PGresult *rows; /* the claim's rows, which the events point into */
+	int tick_row;   /* the last of them: no event, the new tick */
 } Batch;
 
 /* Batches out at once per database, as the in-database relay (relay.c). */
@@ -767,17 +768,23 @@ format_uuid(char *out, const unsigned char *u)
 
 /*
  * The claim's rows (binary) into the batch, in seq order, until their
- * payloads pass OBX_BATCH_BYTES.  A lone row with no seq is the new tick
- * of a claim that found nothing.
+ * payloads pass OBX_BATCH_BYTES.  The last row, with no seq, is the new
+ * tick; false (said) if there is none.
  */
-static void
+static bool
 take_batch(Batch *batch, PGresult *rows)
 {
-	int nrows = PQgetisnull(rows, 0, 0) ? 0 : PQntuples(rows);
+	int nrows = PQntuples(rows) - 1;
 	long long bytes = 0;
 	int n = 0;
 
+	if (nrows < 0 || !PQgetisnull(rows, nrows, 0))
+	{
+		obx_say("ERROR", "the claim gave no tick row");
+		return false;
+	}
 	batch->rows = rows;
+	batch->tick_row = nrows;
 	batch->events = obx_xcalloc(nrows, sizeof(Event));
 	batch->max_seq = 0;
 	while (n < nrows && bytes < OBX_BATCH_BYTES)
@@ -806,6 +813,7 @@ take_batch(Batch *batch, PGresult *rows)
 	}
 	batch->nevents = n;
 	batch->full = nrows >= obx_config.batch_size || n < nrows;
+	return true;
 }
 
 /* The lease's arrays of the batch's ids, topics and keys (binary). */
@@ -952,16 +960,17 @@ claim(Database *db, Batch *batch)
 			goto done;
 	}
 	batch->lease_id = atoll(lease_id);
-	take_batch(batch, rows);
+	if (!take_batch(batch, rows))
+		goto done;
 	rows = NULL;
 	lease_arrays(batch, &ids, &topics, &keys);
 	/* A claim that took nothing leaves a tick only when its floor moved. */
-	next_floor = be64(PQgetvalue(batch->rows, 0, OBX_CLAIM_FLOOR_COL - 1));
+	next_floor = be64(PQgetvalue(batch->rows, batch->tick_row, OBX_CLAIM_FLOOR_COL - 1));
 	if (batch->nevents > 0 || next_floor != atoll(floor))
 	{
 		/* The new tick goes back as the claim gave it, in binary. */
 		const char *params[9];
-		int lengths[9] = {0, 0, 0, PQgetlength(batch->rows, 0, OBX_CLAIM_SNAP_COL - 1),
+		int lengths[9] = {0, 0, 0, PQgetlength(batch->rows, batch->tick_row, OBX_CLAIM_SNAP_COL - 1),
 						  8, 0, (int) ids.len, (int) topics.len, (int) keys.len};
 		int formats[9] = {0, 0, 0, 1, 1, 0, 1, 1, 1};
 
@@ -971,8 +980,8 @@ claim(Database *db, Batch *batch)
 		params[0] = lease_id;
 		params[1] = relay_id;
 		params[2] = lease_s;
-		params[3] = PQgetvalue(batch->rows, 0, OBX_CLAIM_SNAP_COL - 1);
-		params[4] = PQgetvalue(batch->rows, 0, OBX_CLAIM_FLOOR_COL - 1);
+		params[3] = PQgetvalue(batch->rows, batch->tick_row, OBX_CLAIM_SNAP_COL - 1);
+		params[4] = PQgetvalue(batch->rows, batch->tick_row, OBX_CLAIM_FLOOR_COL - 1);
 		params[5] = batch->nevents > 0 ? max_seq : NULL;
 		params[6] = batch->nevents > 0 ? ids.data : NULL;
 		params[7] = batch->nevents > 0 ? topics.data : NULL;

@@ -51,14 +51,18 @@
  * its payload as stored and its inserting transaction (NULL for an event
  * claimed from obx.event_states: it failed, or was published, before; and
  * for one of another era, copied in: its commit here was durable before a
- * relay could claim it), and each carries the new tick: the lowest
- * unpublished seq (the events claimed now included: they are not published
- * yet, and so are the events of the keys held back) and the snapshot
- * itself.  Nothing claimable gives one row, the new tick's, with a NULL
- * seq.
+ * relay could claim it).  A last row, with a NULL seq and no event,
+ * carries the new tick: the lowest unpublished seq (the events claimed now
+ * included: they are not published yet, and so are the events of the keys
+ * held back) and the snapshot itself; nothing claimable gives that row
+ * alone.  Every part comes in seq order (NULLS LAST puts the tick's row
+ * at the end), so that the planner merges the parts: it sorted them, and
+ * again the join that gave every row the tick, copying a backlog's batch,
+ * payloads and all, twice per claim (docs/benchmarks.md).
  * Each part is read in seq order up to the batch size, but for the late
  * committers: they are few, and found on the xid index, which an ORDER BY
- * seq ... LIMIT would trade for a walk of the seq index below the floor.
+ * seq ... LIMIT would trade for a walk of the seq index below the floor
+ * (sorted on their own).
  * They are read once, for the claim and for the floor alike (late): a
  * second reading started every partition's scans again on every claim,
  * which is most of what a claim costs at a steady rate
@@ -66,56 +70,59 @@
  * needs no distinct rows, and making them distinct cost a backlog's claims
  * a hash of thousands of keys each.
  */
-#define OBX_SQL_CLAIM                                                                       \
-	"WITH blocked AS MATERIALIZED ("                                                        \
-	"  SELECT k.topic, k.event_key"                                                         \
-	"    FROM obx._live_leases($3, $5) l,"                                                  \
-	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"           \
-	"           AS k(topic, event_key)"                                                     \
-	"  UNION ALL"                                                                           \
-	"  SELECT s.topic, s.event_key"                                                         \
-	"    FROM obx.event_states s"                                                           \
-	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                              \
-	"     AND (s.next_attempt_at > pg_catalog.now()"                                        \
-	"          OR (s.quarantined_at IS NOT NULL AND $1))"                                   \
-	"), late AS MATERIALIZED ("                                                             \
-	"  SELECT u.* FROM obx._unpublished_late($3, $4, $5) u"                                 \
-	")"                                                                                     \
-	"SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"                                  \
-	"       c.event_type, c.attempts,"                                                      \
-	"       CASE WHEN c.headers IS NOT NULL THEN"                                           \
-	"         (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"                          \
-	"            FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"          \
-	"       c.xid, c.occurred_at, t.floor, t.snap"                                          \
-	"  FROM (SELECT coalesce(least((SELECT u.seq FROM obx._unpublished_from($3, $5) u"      \
-	"                               ORDER BY u.seq LIMIT 1),"                               \
-	"                              (SELECT pg_catalog.min(l.seq) FROM late l)),"            \
-	"                        $6) AS floor,"                                                 \
-	"               pg_catalog.pg_current_snapshot() AS snap) t"                            \
-	"  LEFT JOIN ("                                                                         \
-	"   SELECT c.* FROM"                                                                    \
-	"       ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"           \
-	"                0 AS attempts, u.headers,"                                             \
-	"                CASE WHEN u.era = obx._era() THEN u.xid END AS xid, u.occurred_at"     \
-	"           FROM obx._unpublished_from($3, $5) u"                                       \
-	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)"  \
-	"          ORDER BY u.seq LIMIT $2)"                                                    \
-	"        UNION ALL"                                                                     \
-	"        (SELECT l.seq, l.id, l.topic, l.event_key, l.payload, l.event_type,"           \
-	"                0, l.headers, l.xid, l.occurred_at"                                    \
-	"           FROM late l"                                                                \
-	"          WHERE (l.topic, l.event_key) NOT IN (SELECT topic, event_key FROM blocked))" \
-	"        UNION ALL"                                                                     \
-	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"           \
-	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at"           \
-	"           FROM obx.event_states s"                                                    \
-	"          WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                       \
-	"            AND s.quarantined_at IS NULL"                                              \
-	"            AND s.next_attempt_at <= pg_catalog.now()"                                 \
-	"            AND (s.topic, s.event_key) NOT IN (SELECT topic, event_key FROM blocked)"  \
-	"          ORDER BY s.seq LIMIT $2)) c"                                                 \
-	"    ORDER BY c.seq LIMIT $2) c ON true"                                                \
-	" ORDER BY c.seq"
+#define OBX_SQL_CLAIM                                                                      \
+	"WITH blocked AS MATERIALIZED ("                                                       \
+	"  SELECT k.topic, k.event_key"                                                        \
+	"    FROM obx._live_leases($3, $5) l,"                                                 \
+	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"          \
+	"           AS k(topic, event_key)"                                                    \
+	"  UNION ALL"                                                                          \
+	"  SELECT s.topic, s.event_key"                                                        \
+	"    FROM obx.event_states s"                                                          \
+	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                             \
+	"     AND (s.next_attempt_at > pg_catalog.now()"                                       \
+	"          OR (s.quarantined_at IS NOT NULL AND $1))"                                  \
+	"), late AS MATERIALIZED ("                                                            \
+	"  SELECT u.* FROM obx._unpublished_late($3, $4, $5) u"                                \
+	")"                                                                                    \
+	"(SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"                                \
+	"        c.event_type, c.attempts,"                                                    \
+	"        CASE WHEN c.headers IS NOT NULL THEN"                                         \
+	"          (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"                        \
+	"             FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"        \
+	"        c.xid, c.occurred_at, NULL::pg_catalog.int8 AS floor,"                        \
+	"        NULL::pg_catalog.pg_snapshot AS snap"                                         \
+	"   FROM"                                                                              \
+	"       ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"          \
+	"                0 AS attempts, u.headers,"                                            \
+	"                CASE WHEN u.era = obx._era() THEN u.xid END AS xid, u.occurred_at"    \
+	"           FROM obx._unpublished_from($3, $5) u"                                      \
+	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
+	"          ORDER BY u.seq LIMIT $2)"                                                   \
+	"        UNION ALL"                                                                    \
+	"        (SELECT l.seq, l.id, l.topic, l.event_key, l.payload, l.event_type,"          \
+	"                0, l.headers, l.xid, l.occurred_at"                                   \
+	"           FROM late l"                                                               \
+	"          WHERE (l.topic, l.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
+	"          ORDER BY l.seq)"                                                            \
+	"        UNION ALL"                                                                    \
+	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"          \
+	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at"          \
+	"           FROM obx.event_states s"                                                   \
+	"          WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                      \
+	"            AND s.quarantined_at IS NULL"                                             \
+	"            AND s.next_attempt_at <= pg_catalog.now()"                                \
+	"            AND (s.topic, s.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
+	"          ORDER BY s.seq LIMIT $2)) c"                                                \
+	"  ORDER BY c.seq LIMIT $2)"                                                           \
+	" UNION ALL"                                                                           \
+	" SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"                  \
+	"        coalesce(least((SELECT u.seq FROM obx._unpublished_from($3, $5) u"            \
+	"                        ORDER BY u.seq LIMIT 1),"                                     \
+	"                       (SELECT pg_catalog.min(l.seq) FROM late l)),"                  \
+	"                 $6),"                                                                \
+	"        pg_catalog.pg_current_snapshot()"                                             \
+	" ORDER BY 1"
 /* The columns of the claim's rows that hold the new tick (counted from 1). */
 #define OBX_CLAIM_FLOOR_COL 11
 #define OBX_CLAIM_SNAP_COL  12

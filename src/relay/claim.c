@@ -370,8 +370,8 @@ lease_seq_behind(int worker, int64 lease_id, int64 latest)
 
 /*
  * Run the claim under a snapshot of its own, leaving the events it found
- * in SPI_tuptable (SPI_processed 0 for its lone row when it found none),
- * and the new tick (floor, snapshot) its rows carry in next.  Returns the
+ * in SPI_tuptable (SPI_processed counts them: the row after them, the
+ * last, carries the new tick), and that tick (floor, snapshot) in next.  Returns the
  * count of changes, read before the snapshot is taken; the WAL positions
  * and the asynchronous commits are read after it.
  */
@@ -381,7 +381,7 @@ claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 	Datum args[6];
 	uint64 changes;
 	Snapshot snapshot;
-	HeapTuple first;
+	HeapTuple last;
 	TupleDesc desc;
 	bool isnull;
 	int rc;
@@ -405,13 +405,14 @@ claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 		elog(ERROR, "obx claim failed: %s", SPI_result_code_string(rc));
 	UnregisterSnapshot(snapshot);
 
-	first = SPI_tuptable->vals[0];
+	last = SPI_tuptable->vals[SPI_processed - 1];
 	desc = SPI_tuptable->tupdesc;
-	next->floor = SPI_getbinval(first, desc, OBX_CLAIM_FLOOR_COL, &isnull);
-	next->snap = datumCopy(SPI_getbinval(first, desc, OBX_CLAIM_SNAP_COL, &isnull), false, -1);
-	(void) SPI_getbinval(first, desc, 1, &isnull);
-	if (isnull)
-		SPI_processed = 0;
+	(void) SPI_getbinval(last, desc, 1, &isnull);
+	if (!isnull)
+		elog(ERROR, "obx claim gave no tick row");
+	next->floor = SPI_getbinval(last, desc, OBX_CLAIM_FLOOR_COL, &isnull);
+	next->snap = datumCopy(SPI_getbinval(last, desc, OBX_CLAIM_SNAP_COL, &isnull), false, -1);
+	SPI_processed--;
 	return changes;
 }
 
