@@ -97,7 +97,6 @@ typedef struct Batch
 	int in_flight;
 	bool full;
 	PGresult *rows; /* the claim's rows, which the events point into */
-	int tick_row;   /* the last of them: no event, the new tick */
 } Batch;
 
 /* Batches out at once per database, as the in-database relay (relay.c). */
@@ -784,7 +783,6 @@ take_batch(Batch *batch, PGresult *rows)
 		return false;
 	}
 	batch->rows = rows;
-	batch->tick_row = nrows;
 	batch->events = obx_xcalloc(nrows, sizeof(Event));
 	batch->max_seq = 0;
 	while (n < nrows && bytes < OBX_BATCH_BYTES)
@@ -925,6 +923,7 @@ claim(Database *db, Batch *batch)
 	char lease_id[32];
 	char floor[32];
 	long long next_floor;
+	int tick_row;
 	char *snap = NULL;
 	char tick[32];
 	char batch_size[16];
@@ -963,14 +962,15 @@ claim(Database *db, Batch *batch)
 	if (!take_batch(batch, rows))
 		goto done;
 	rows = NULL;
+	tick_row = PQntuples(batch->rows) - 1;
 	lease_arrays(batch, &ids, &topics, &keys);
 	/* A claim that took nothing leaves a tick only when its floor moved. */
-	next_floor = be64(PQgetvalue(batch->rows, batch->tick_row, OBX_CLAIM_FLOOR_COL - 1));
+	next_floor = be64(PQgetvalue(batch->rows, tick_row, OBX_CLAIM_FLOOR_COL - 1));
 	if (batch->nevents > 0 || next_floor != atoll(floor))
 	{
 		/* The new tick goes back as the claim gave it, in binary. */
 		const char *params[9];
-		int lengths[9] = {0, 0, 0, PQgetlength(batch->rows, batch->tick_row, OBX_CLAIM_SNAP_COL - 1),
+		int lengths[9] = {0, 0, 0, PQgetlength(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1),
 						  8, 0, (int) ids.len, (int) topics.len, (int) keys.len};
 		int formats[9] = {0, 0, 0, 1, 1, 0, 1, 1, 1};
 
@@ -980,8 +980,8 @@ claim(Database *db, Batch *batch)
 		params[0] = lease_id;
 		params[1] = relay_id;
 		params[2] = lease_s;
-		params[3] = PQgetvalue(batch->rows, batch->tick_row, OBX_CLAIM_SNAP_COL - 1);
-		params[4] = PQgetvalue(batch->rows, batch->tick_row, OBX_CLAIM_FLOOR_COL - 1);
+		params[3] = PQgetvalue(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1);
+		params[4] = PQgetvalue(batch->rows, tick_row, OBX_CLAIM_FLOOR_COL - 1);
 		params[5] = batch->nevents > 0 ? max_seq : NULL;
 		params[6] = batch->nevents > 0 ? ids.data : NULL;
 		params[7] = batch->nevents > 0 ? topics.data : NULL;

@@ -371,9 +371,9 @@ lease_seq_behind(int worker, int64 lease_id, int64 latest)
 /*
  * Run the claim under a snapshot of its own, leaving the events it found
  * in SPI_tuptable (SPI_processed counts them: the row after them, the
- * last, carries the new tick), and that tick (floor, snapshot) in next.  Returns the
- * count of changes, read before the snapshot is taken; the WAL positions
- * and the asynchronous commits are read after it.
+ * last, carries the new tick), and that tick (floor, snapshot) in next.
+ * Returns the count of changes, read before the snapshot is taken; the WAL
+ * positions and the asynchronous commits are read after it.
  */
 static uint64
 claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
