@@ -92,7 +92,7 @@ bench_debezium()
 	drain_ratio=$(ratio "$obx_rate" "$dbz_rate")
 	{
 		echo "publisher | first -> last broker append, s | events/s | CPU per 1,000 events, ms | obx / Debezium (events/s)"
-		echo "obx relay (2 workers, defaults) | $obx_span | $obx_rate | $obx_cpu | $drain_ratio"
+		echo "obx relay (defaults) | $obx_span | $obx_rate | $obx_cpu | $drain_ratio"
 		echo "Debezium (Connect JVM, from streaming on) | $dbz_span | $dbz_rate | $dbz_cpu | 1.00"
 	} | table
 	echo "target: obx drain ≥ 2 × Debezium's: ${drain_ratio}× — $(verdict "$(awk -v v="$drain_ratio" 'BEGIN { print (v >= 2) }')")"

@@ -9,7 +9,7 @@
 #   - librdkafka baseline: bench/produce_baseline produces the same
 #     messages (key, payload, event_id header) to the same stand-in with
 #     obx's producer settings, and waits for every delivery report;
-#   - obx: the server restarts with obx's defaults (2 relay workers); the
+#   - obx: the server restarts with obx's defaults (one relay worker); the
 #     time runs from the relay workers' start (obx.workers.started_at) to
 #     the first 50 ms poll that finds every event published.
 #

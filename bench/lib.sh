@@ -52,6 +52,20 @@ bench_start()
 		mock_pid=$!
 		wait_for 30 "the Kafka stand-in" test -f "$work/mock.state"
 		brokers=$(sed -n 's/^bootstrap=//p' "$work/mock.state")
+		# BENCH_RTT=ms: brokers that far away (each request answered that
+		# much later), as a Kafka in another zone or region would be.
+		if [ -n "${BENCH_RTT:-}" ]; then
+			local control reply
+			control=$(sed -n 's/^control=//p' "$work/mock.state")
+			exec 3<>"/dev/tcp/${control%:*}/${control#*:}"
+			echo "rtt all $BENCH_RTT" >&3
+			read -r reply <&3
+			exec 3<&-
+			[ "${reply%% *}" = ok ] || {
+				echo "bench: the stand-in refused rtt $BENCH_RTT: $reply" >&2
+				return 1
+			}
+		fi
 	fi
 
 	local preload="obx"
@@ -143,7 +157,7 @@ bench_topic()
 
 # pg_phase SETTING...: restart the server with exactly these per-benchmark
 # settings (each a "name = value" line) on top of the fixed ones.  No
-# setting means obx's defaults (2 relay workers, ...).
+# setting means obx's defaults (one relay worker, ...).
 pg_phase()
 {
 	local line

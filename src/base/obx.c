@@ -39,11 +39,11 @@ char *obx_topics = NULL;
 char *obx_database = NULL;
 char *obx_databases = NULL;
 char *obx_consumer_databases = NULL;
-int obx_workers = 2;
+int obx_workers = 1;
 int obx_lease_timeout_s = 60;
 int obx_batch_size = 2000;
 int obx_poll_interval_ms = 1000;
-int obx_claim_gap_ms = 40;
+int obx_claim_gap_ms = 20;
 int obx_max_attempts = 10;
 int obx_backoff_min_ms = 100;
 int obx_backoff_max_ms = 60000;
@@ -241,7 +241,7 @@ define_worker_gucs(void)
 								"Number of relay background workers.",
 								NULL,
 								&obx_workers,
-								2, 0, OBX_MAX_WORKERS,
+								1, 0, OBX_MAX_WORKERS,
 								PGC_POSTMASTER, 0,
 								NULL, NULL, NULL);
 
@@ -341,7 +341,7 @@ define_relay_gucs(void)
 							"that come sooner wait and are claimed together, by "
 							"whichever worker is free.",
 							&obx_claim_gap_ms,
-							40, 0, 1000,
+							20, 0, 1000,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
