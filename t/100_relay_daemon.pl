@@ -46,6 +46,11 @@ use Test::More;
 my $mock = start_mock();
 my $dir = PostgreSQL::Test::Utils::tempdir('relay');
 my $node = sql_only_node('daemon');
+# Only the relays and the test commit here: an idle daemon that reads the
+# snapshot instead of claiming must still claim when a lease runs out
+# with no commit at all (below, after the kill).
+$node->append_conf('postgresql.conf', "autovacuum = off\n");
+$node->reload;
 
 is($node->safe_psql('postgres', q{
 	SELECT current_setting('shared_preload_libraries') || '|' ||

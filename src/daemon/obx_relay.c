@@ -102,6 +102,9 @@ typedef struct Batch
 /* Batches out at once per database, as the in-database relay (relay.c). */
 #define PIPELINE 2
 
+/* The longest an idle daemon goes without a claim (anything_new). */
+#define IDLE_CLAIM_US 1000000
+
 typedef struct Database
 {
 	const char *conninfo;
@@ -110,7 +113,10 @@ typedef struct Database
 	time_t rotate_at;
 	Batch flights[PIPELINE];
 	int nflights;
-	long long claim_at;         /* the next claim, in microseconds; 0: at once */
+	long long claim_at;   /* the next claim, in microseconds; 0: at once */
+	long long claimed_at; /* the latest claim's start, in microseconds */
+	char *idle_snap;      /* its snapshot (binary) if it took nothing, or NULL */
+	int idle_snap_len;
 	long long replica_check_at; /* obx._replica_problem's next reading; 0: at once */
 	char *replica_problem;      /* its latest answer, or NULL */
 	bool lease_seq_behind;      /* said (protocol.h's OBX_LEASE_SEQ_BEHIND) */
@@ -171,7 +177,7 @@ config_defaults(Config *c)
 	memset(c, 0, sizeof(*c));
 	/* The in-database relay's defaults (docs/configuration.md). */
 	c->batch_size = 2000;
-	c->poll_interval_ms = 40;
+	c->poll_interval_ms = 20;
 	c->lease_timeout_s = 60;
 	c->delivery_timeout_ms = 30000;
 	c->max_attempts = 10;
@@ -592,6 +598,8 @@ static const Statement statements[] = {
 	{"obx_renew", OBX_SQL_RENEW, 2, {INT8OID, FLOAT8OID}},
 	{"obx_rotate", OBX_SQL_ROTATE, 1, {FLOAT8OID}},
 	{"obx_replica_problem", OBX_SQL_REPLICA_PROBLEM, 0, {0}},
+	/* The daemon's own: its look for commits between claims (anything_new). */
+	{"obx_snapshot", "SELECT pg_catalog.pg_current_snapshot()", 0, {0}},
 };
 
 static const Statement *
@@ -658,6 +666,8 @@ disconnect(Database *db, const char *why)
 	PQfinish(db->conn);
 	db->conn = NULL;
 	db->retry_at = time(NULL) + 1;
+	free(db->idle_snap);
+	db->idle_snap = NULL;
 }
 
 /* Connect and prepare the statements; false (said why) if not now. */
@@ -933,9 +943,13 @@ claim(Database *db, Batch *batch)
 	Buf ids = {0};
 	Buf topics = {0};
 	Buf keys = {0};
+	char *idle_snap = NULL;
+	int idle_snap_len = 0;
 	bool ok = false;
 
 	memset(batch, 0, sizeof(*batch));
+	free(db->idle_snap);
+	db->idle_snap = NULL;
 	if (!claim_lock_session(db, true))
 		return -1;
 	if (!exec(db, "BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL synchronous_commit = on;"
@@ -991,7 +1005,19 @@ claim(Database *db, Batch *batch)
 			goto done;
 		PQclear(res);
 	}
+	if (batch->nevents == 0)
+	{
+		idle_snap_len = PQgetlength(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1);
+		idle_snap = obx_xcalloc(1, idle_snap_len);
+		memcpy(idle_snap, PQgetvalue(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1), idle_snap_len);
+	}
 	ok = exec(db, "COMMIT");
+	if (ok)
+	{
+		db->idle_snap = idle_snap;
+		db->idle_snap_len = idle_snap_len;
+		idle_snap = NULL;
+	}
 done:
 	if (!ok && PQstatus(db->conn) == CONNECTION_OK)
 		(void) exec(db, "ROLLBACK");
@@ -999,6 +1025,7 @@ done:
 		ok &= claim_lock_session(db, false);
 	PQclear(rows);
 	free(snap);
+	free(idle_snap);
 	free(ids.data);
 	free(topics.data);
 	free(keys.data);
@@ -1350,6 +1377,33 @@ land(Database *db)
  * holds no event of their keys: per-key order does not depend on which
  * batch is acknowledged first.
  */
+/*
+ * Whether a claim may find something: not when the latest claim took
+ * nothing, less than IDLE_CLAIM_US ago, and the current snapshot is still
+ * its snapshot.  Every transaction that ends moves the snapshot (it leaves
+ * the running ones, or moves xmax), so no event, record, release or
+ * operator's retry was committed since, in any database; what becomes
+ * claimable with no commit (a lease or a backoff running out) waits for
+ * the claim every IDLE_CLAIM_US, as the in-database relay's does for
+ * obx.poll_interval.  An idle daemon reads a snapshot per poll_interval
+ * instead of claiming.
+ */
+static bool
+anything_new(Database *db, long long now)
+{
+	PGresult *res;
+	bool same;
+
+	if (db->idle_snap == NULL || now - db->claimed_at >= IDLE_CLAIM_US)
+		return true;
+	if ((res = run(db, "obx_snapshot", NULL, 1)) == NULL)
+		return true;
+	same = PQgetlength(res, 0, 0) == db->idle_snap_len &&
+		   memcmp(PQgetvalue(res, 0, 0), db->idle_snap, db->idle_snap_len) == 0;
+	PQclear(res);
+	return !same;
+}
+
 static void
 launch(Database *db, rd_kafka_t *rk)
 {
@@ -1360,8 +1414,9 @@ launch(Database *db, rd_kafka_t *rk)
 	if (db->nflights >= PIPELINE || started < db->claim_at)
 		return;
 	db->claim_at = started + (long long) obx_config.poll_interval_ms * 1000;
-	if (!connect_db(db) || !replica_free(db))
+	if (!connect_db(db) || !replica_free(db) || !anything_new(db, started))
 		return;
+	db->claimed_at = started;
 	for (i = 0; i < PIPELINE && batch == NULL; i++)
 		if (!db->flights[i].used)
 			batch = &db->flights[i];
