@@ -177,7 +177,7 @@ config_defaults(Config *c)
 	memset(c, 0, sizeof(*c));
 	/* The in-database relay's defaults (docs/configuration.md). */
 	c->batch_size = 2000;
-	c->poll_interval_ms = 20;
+	c->poll_interval_ms = 40;
 	c->lease_timeout_s = 60;
 	c->delivery_timeout_ms = 30000;
 	c->max_attempts = 10;
