@@ -1370,22 +1370,14 @@ land(Database *db)
 }
 
 /*
- * Claim and produce the database's next batch when one is due and the
- * pipeline has room: at once after a full claim, otherwise a poll interval
- * after the last claim began (the time a claim takes counts).  A batch is
- * claimed while the leases of the batches already out are live, so it
- * holds no event of their keys: per-key order does not depend on which
- * batch is acknowledged first.
- */
-/*
  * Whether a claim may find something: not when the latest claim took
  * nothing, less than IDLE_CLAIM_US ago, and the current snapshot is still
  * its snapshot.  Every transaction that ends moves the snapshot (it leaves
  * the running ones, or moves xmax), so no event, record, release or
  * operator's retry was committed since, in any database; what becomes
  * claimable with no commit (a lease or a backoff running out) waits for
- * the claim every IDLE_CLAIM_US, as the in-database relay's does for
- * obx.poll_interval.  An idle daemon reads a snapshot per poll_interval
+ * the claim every IDLE_CLAIM_US (in-database workers claim every
+ * obx.poll_interval for it).  An idle daemon reads a snapshot per poll_interval
  * instead of claiming.
  */
 static bool
@@ -1404,6 +1396,14 @@ anything_new(Database *db, long long now)
 	return !same;
 }
 
+/*
+ * Claim and produce the database's next batch when one is due and the
+ * pipeline has room: at once after a full claim, otherwise a poll interval
+ * after the last claim began (the time a claim takes counts).  A batch is
+ * claimed while the leases of the batches already out are live, so it
+ * holds no event of their keys: per-key order does not depend on which
+ * batch is acknowledged first.
+ */
 static void
 launch(Database *db, rd_kafka_t *rk)
 {
