@@ -943,13 +943,9 @@ claim(Database *db, Batch *batch)
 	Buf ids = {0};
 	Buf topics = {0};
 	Buf keys = {0};
-	char *idle_snap = NULL;
-	int idle_snap_len = 0;
 	bool ok = false;
 
 	memset(batch, 0, sizeof(*batch));
-	free(db->idle_snap);
-	db->idle_snap = NULL;
 	if (!claim_lock_session(db, true))
 		return -1;
 	if (!exec(db, "BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL synchronous_commit = on;"
@@ -1005,19 +1001,7 @@ claim(Database *db, Batch *batch)
 			goto done;
 		PQclear(res);
 	}
-	if (batch->nevents == 0)
-	{
-		idle_snap_len = PQgetlength(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1);
-		idle_snap = obx_xcalloc(1, idle_snap_len);
-		memcpy(idle_snap, PQgetvalue(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1), idle_snap_len);
-	}
 	ok = exec(db, "COMMIT");
-	if (ok)
-	{
-		db->idle_snap = idle_snap;
-		db->idle_snap_len = idle_snap_len;
-		idle_snap = NULL;
-	}
 done:
 	if (!ok && PQstatus(db->conn) == CONNECTION_OK)
 		(void) exec(db, "ROLLBACK");
@@ -1025,7 +1009,6 @@ done:
 		ok &= claim_lock_session(db, false);
 	PQclear(rows);
 	free(snap);
-	free(idle_snap);
 	free(ids.data);
 	free(topics.data);
 	free(keys.data);
@@ -1397,6 +1380,26 @@ anything_new(Database *db, long long now)
 }
 
 /*
+ * Keep the snapshot of a committed claim that took nothing (its tick row,
+ * the last of its rows) for anything_new; forget it after any other.
+ */
+static void
+remember_idle(Database *db, Batch *batch, int taken)
+{
+	int tick_row;
+
+	free(db->idle_snap);
+	db->idle_snap = NULL;
+	if (taken != 0)
+		return;
+	tick_row = PQntuples(batch->rows) - 1;
+	db->idle_snap_len = PQgetlength(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1);
+	db->idle_snap = obx_xcalloc(1, db->idle_snap_len);
+	memcpy(db->idle_snap, PQgetvalue(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1),
+		   db->idle_snap_len);
+}
+
+/*
  * Claim and produce the database's next batch when one is due and the
  * pipeline has room: at once after a full claim, otherwise a poll interval
  * after the last claim began (the time a claim takes counts).  A batch is
@@ -1409,6 +1412,7 @@ launch(Database *db, rd_kafka_t *rk)
 {
 	Batch *batch = NULL;
 	long long started = obx_now_us();
+	int taken;
 	int i;
 
 	if (db->nflights >= PIPELINE || started < db->claim_at)
@@ -1420,7 +1424,9 @@ launch(Database *db, rd_kafka_t *rk)
 	for (i = 0; i < PIPELINE && batch == NULL; i++)
 		if (!db->flights[i].used)
 			batch = &db->flights[i];
-	if (claim(db, batch) <= 0)
+	taken = claim(db, batch);
+	remember_idle(db, batch, taken);
+	if (taken <= 0)
 	{
 		if (PQstatus(db->conn) != CONNECTION_OK)
 			disconnect(db, "the connection broke");
