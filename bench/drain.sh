@@ -87,11 +87,22 @@ bench_drain()
 	broker0=$(cpu_ms $(broker_pids))
 	pg_phase
 	statements_reset
-	local t0 t_end line
+	local t0 t_end line perf_pid=""
+	if [ "${BENCH_PERF:-0}" = 1 ]; then
+		# Until the drain ends; perf stops on SIGINT and writes its data.
+		perf record -q -e cpu-clock -F 999 -g -o "$work/perf_drain.data" \
+			-p "$(relay_pids | tr '\n' , | sed 's/,$//')" >/dev/null 2>&1 &
+		perf_pid=$!
+	fi
 	t_end=$(drain_poll "$n" "$timeout") || {
 		echo "bench: obx did not drain $n events within ${timeout}s; $(sql_value "$pending_sql") still pending" >&2
 		return 1
 	}
+	if [ -n "$perf_pid" ]; then
+		kill -INT "$perf_pid" 2>/dev/null || true
+		wait "$perf_pid" || true
+		perf_summary "$work/perf_drain.data" "the drain"
+	fi
 	# The relay workers' CPU since they started, the brokers' since the restart.
 	drain_relay_per_k=$(per_k "$(cpu_ms $(relay_pids))" "$n")
 	drain_broker_per_k=$(per_k "$(($(cpu_ms $(broker_pids)) - broker0))" "$n")

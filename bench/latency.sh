@@ -112,7 +112,7 @@ bench_latency()
 		local settled unpublished=""
 		settled=$(settle_relay "${LATENCY_SETTLE_TIMEOUT:-120}") ||
 			unpublished=" (not all published $settled; those count as infinitely late)"
-		[ -n "$perf_pid" ] && wait "$perf_pid" && perf_summary "$work/perf_$rate.data" "$rate"
+		[ -n "$perf_pid" ] && wait "$perf_pid" && perf_summary "$work/perf_$rate.data" "$rate/s"
 		local relay_ms broker_ms
 		relay_ms=$(($(cpu_ms $relays) - relay0))
 		broker_ms=$(($(cpu_ms $(broker_pids)) - broker0))
@@ -237,17 +237,17 @@ $rate/s (achieved $(calc "$tps" 0)/s, $events events$unpublished, peak backlog $
 	return 0
 }
 
-# perf_summary DATA RATE: where the relay workers' CPU went during the load
-# (BENCH_PERF=1: perf record of the relay processes and their librdkafka
-# threads, 499 samples a second): shares per thread kind, then the
+# perf_summary DATA WHEN: where the relay workers' CPU went during the load
+# or the drain (BENCH_PERF=1: perf record of the relay processes and their
+# librdkafka threads): shares per thread kind, then the
 # relay's top functions with their callers folded in.
 perf_summary()
 {
 	perf report -q -i "$1" --no-children --sort comm --stdio -g none >"$1.threads" 2>/dev/null || true
 	perf report -q -i "$1" --children --sort sym --stdio -g none >"$1.functions" 2>/dev/null || true
-	echo "-- relay profile at $2/s (perf, $1): share of samples per thread"
+	echo "-- relay profile at $2 (perf, $1): share of samples per thread"
 	grep -v -e '^$' -e '^#' "$1.threads" | sed -n 1,12p
-	echo "-- relay profile at $2/s: top functions, children included (what each step costs)"
+	echo "-- relay profile at $2: top functions, children included (what each step costs)"
 	grep -v -e '^$' -e '^#' "$1.functions" | sed -n 1,40p
 	return 0
 }
