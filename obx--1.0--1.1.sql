@@ -121,7 +121,9 @@ CREATE INDEX renewals_lease_idx ON obx.renewals (lease_id);
  * Records: one row per batch that came back, appended by the record step:
  * the events Kafka acknowledged, where each landed and when.  A record ends
  * its lease, whatever it holds (a release holds no event).  max_seq is the
- * claim's, so that the claim finds every record that can matter to it.
+ * claim's, so that the claim finds every record that can matter to it;
+ * min_seq is the claim's lowest seq (NULL: no lower bound, as in a record
+ * written by hand), and seqs the range of both.
  */
 CREATE TABLE obx.records (
 	lease_id			bigint		NOT NULL,
@@ -130,15 +132,25 @@ CREATE TABLE obx.records (
 	ids					uuid[]		NOT NULL,
 	partitions			integer[]	NOT NULL,
 	offsets				bigint[]	NOT NULL,
-	published_at		timestamptz[] NOT NULL
+	published_at		timestamptz[] NOT NULL,
+	min_seq				bigint,
+	seqs				numrange	GENERATED ALWAYS AS (numrange(min_seq, max_seq, '[]')) STORED
 ) PARTITION BY LIST (((lease_id >> 40) % 3));
 CREATE TABLE obx.records_0 PARTITION OF obx.records FOR VALUES IN (0);
 CREATE TABLE obx.records_1 PARTITION OF obx.records FOR VALUES IN (1);
 CREATE TABLE obx.records_2 PARTITION OF obx.records FOR VALUES IN (2);
 CREATE INDEX records_lease_idx ON obx.records (lease_id);
 CREATE INDEX records_max_seq_idx ON obx.records (max_seq);
-/* Where one event landed (obx.outbox_events). */
-CREATE INDEX records_ids_idx ON obx.records USING gin (ids);
+/*
+ * Where one event landed (obx.outbox_events): the records whose claim's
+ * seq range holds the event's seq, one index entry per record.  A GIN
+ * index on ids, one entry per event, took a fifth of the relay's CPU in a
+ * drain (docs/benchmarks.md, "The records' index").  numrange, not int8range: a lease
+ * holding a retried event has max_seq 2^63 - 1, one past which int8range
+ * cannot close.  Stored, so that a scan of a few records compares ranges
+ * instead of building one per record and event.
+ */
+CREATE INDEX records_seqs_idx ON obx.records USING gist (seqs);
 
 /*
  * The few events that are not simply pending or published: failing
@@ -181,8 +193,8 @@ INSERT INTO obx.events (id, seq, aggregate_id, topic, event_key, event_type,
 SELECT id, seq, aggregate_id, topic, event_key, event_type, headers, payload, occurred_at
   FROM obx.outbox_events;
 
-INSERT INTO obx.records (lease_id, recorded_at, max_seq, ids, partitions, offsets, published_at)
-SELECT nextval('obx.lease_seq'), now(), max(seq), array_agg(id ORDER BY seq),
+INSERT INTO obx.records (lease_id, recorded_at, min_seq, max_seq, ids, partitions, offsets, published_at)
+SELECT nextval('obx.lease_seq'), now(), min(seq), max(seq), array_agg(id ORDER BY seq),
 	   array_agg(coalesce(kafka_partition, -1) ORDER BY seq),
 	   array_agg(coalesce(kafka_offset, -1) ORDER BY seq),
 	   array_agg(published_at ORDER BY seq)
@@ -530,8 +542,9 @@ $$;
  * partition and offset from its first record since its latest replay (a
  * stale worker's late report of a second copy does not move them);
  * errors and attempts from obx.event_states.  Skipped events are in obx.skipped_events instead.
- * Reading where one event landed is an index lookup; reading them all
- * joins every record.  1.0's obx.replay(topic, since, until) reads it as
+ * Reading where one event landed is an index lookup of the records whose
+ * claims spanned its seq, and a search of their ids; reading them all
+ * does that for every event.  1.0's obx.replay(topic, since, until) reads it as
  * it read the table, unchanged.
  */
 CREATE VIEW obx.outbox_events AS
@@ -552,7 +565,8 @@ SELECT e.id, e.seq, e.aggregate_id, e.topic, e.event_key, e.event_type,
 	SELECT x.published_at[i] AS published_at, x.partitions[i] AS kafka_partition,
 		   x.offsets[i] AS kafka_offset
 	  FROM obx.records x, array_position(x.ids, e.id) AS i
-	 WHERE x.ids @> ARRAY[e.id]
+	 WHERE x.seqs @> e.seq::numeric
+	   AND i IS NOT NULL
 	   AND x.recorded_at >= coalesce(s.replayed_at, '-infinity')
 	 ORDER BY x.recorded_at
 	 LIMIT 1) r ON true

@@ -92,6 +92,7 @@ typedef struct Batch
 	long long renew_at;
 	long long lease_id;
 	long long max_seq;
+	long long min_seq;
 	int nevents;
 	Event *events;
 	int in_flight;
@@ -589,7 +590,7 @@ static const Statement statements[] = {
 	{"obx_tick", OBX_SQL_TICK, 0, {0}},
 	{"obx_claim", OBX_SQL_CLAIM, 6, {BOOLOID, INT4OID, INT8OID, PGSNAPSHOTOID, INT8OID, INT8OID}},
 	{"obx_lease", OBX_SQL_LEASE, 9, {INT8OID, INT4OID, FLOAT8OID, PGSNAPSHOTOID, INT8OID, INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID}},
-	{"obx_record", OBX_SQL_RECORD, 6, {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TSTZARRAYOID, INT8OID, INT8OID}},
+	{"obx_record", OBX_SQL_RECORD, 7, {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TSTZARRAYOID, INT8OID, INT8OID, INT8OID}},
 	{"obx_held_published", OBX_SQL_HELD_PUBLISHED, 2, {UUIDARRAYOID, TSTZARRAYOID}},
 	{"obx_claim_lock", OBX_SQL_CLAIM_LOCK, 2, {INT4OID, INT4OID}},
 	{"obx_live", OBX_SQL_LIVE, 1, {INT8OID}},
@@ -801,6 +802,8 @@ take_batch(Batch *batch, PGresult *rows)
 
 		ev->batch = batch;
 		batch->max_seq = be64(PQgetvalue(rows, n, 0));
+		if (n == 0)
+			batch->min_seq = batch->max_seq;
 		ev->uuid = PQgetvalue(rows, n, 1);
 		format_uuid(ev->id, (const unsigned char *) ev->uuid);
 		ev->topic = PQgetvalue(rows, n, 2);
@@ -1131,15 +1134,15 @@ record_failed(Database *db, Event **failed, int nfailed, const char *lease_id)
  */
 static bool
 record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
-				 const char *max_seq)
+				 const char *max_seq, const char *min_seq)
 {
 	Buf ids = {0};
 	Buf parts = {0};
 	Buf offsets = {0};
 	Buf acked = {0};
-	const char *params[6];
-	int lengths[6];
-	int formats[6] = {1, 1, 1, 1, 0, 0};
+	const char *params[7];
+	int lengths[7];
+	int formats[7] = {1, 1, 1, 1, 0, 0, 0};
 	PGresult *res;
 	bool ok;
 	int i;
@@ -1162,11 +1165,12 @@ record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
 	params[3] = acked.data;
 	params[4] = lease_id;
 	params[5] = max_seq;
+	params[6] = min_seq;
 	lengths[0] = (int) ids.len;
 	lengths[1] = (int) parts.len;
 	lengths[2] = (int) offsets.len;
 	lengths[3] = (int) acked.len;
-	lengths[4] = lengths[5] = 0;
+	lengths[4] = lengths[5] = lengths[6] = 0;
 	ok = (res = run_binary(db, "obx_record", params, lengths, formats, 0)) != NULL;
 	PQclear(res);
 	if (ok && ndone > 0)
@@ -1202,6 +1206,7 @@ record(Database *db, Batch *batch)
 	int nfailed = 0;
 	char lease_id[32];
 	char max_seq[32];
+	char min_seq[32];
 	bool ok;
 	int i;
 
@@ -1214,9 +1219,11 @@ record(Database *db, Batch *batch)
 	}
 	snprintf(lease_id, sizeof(lease_id), "%lld", batch->lease_id);
 	snprintf(max_seq, sizeof(max_seq), "%lld", batch->max_seq);
+	snprintf(min_seq, sizeof(min_seq), "%lld", batch->min_seq);
 	ok = exec(db, "BEGIN; SET LOCAL synchronous_commit = off") &&
 		 (nfailed == 0 || record_failed(db, failed, nfailed, lease_id)) &&
-		 record_delivered(db, done, ndone, lease_id, max_seq) && exec(db, "COMMIT");
+		 record_delivered(db, done, ndone, lease_id, max_seq, min_seq) &&
+		 exec(db, "COMMIT");
 	if (!ok && PQstatus(db->conn) == CONNECTION_OK)
 		(void) exec(db, "ROLLBACK");
 	free(done);

@@ -157,11 +157,12 @@
  * The batch's record: the events delivered, where they landed and when the
  * worker received Kafka's acknowledgement.  No lease check: a delivery is
  * a fact, whoever reports it (a stale worker's late report included).  An
- * empty record releases the batch.
+ * empty record releases the batch.  $6 and $7 are the claim's highest and
+ * lowest seq, by which obx.outbox_events finds the records of an event.
  */
-#define OBX_SQL_RECORD                                                                    \
-	"INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets, published_at)" \
-	" VALUES ($5, $6, $1, $2, $3, $4)"
+#define OBX_SQL_RECORD                                                                             \
+	"INSERT INTO obx.records (lease_id, max_seq, min_seq, ids, partitions, offsets, published_at)" \
+	" VALUES ($5, $6, $7, $1, $2, $3, $4)"
 
 /*
  * Delivered events that have a state (failed, quarantined or replayed

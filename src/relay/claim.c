@@ -437,6 +437,7 @@ take_batch(ObxBatch *batch, int64 lease_id, MemoryContext caller,
 	lease->keys = palloc(sizeof(Datum) * Max(nrows, 1));
 	batch->lease_id = lease_id;
 	batch->max_seq = 0;
+	batch->min_seq = 0;
 	batch->in_flight = 0;
 	batch->retry_at = 0;
 	batch->events = nrows > 0 ? MemoryContextAllocZero(caller, sizeof(ObxEvent) * nrows)
@@ -451,6 +452,8 @@ take_batch(ObxBatch *batch, int64 lease_id, MemoryContext caller,
 		/* Rows come in seq order. */
 		batch->max_seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[n],
 													 SPI_tuptable->tupdesc, 1, &isnull));
+		if (n == 0)
+			batch->min_seq = batch->max_seq;
 		n++;
 	}
 	batch->nevents = (int) n;

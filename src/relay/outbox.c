@@ -76,8 +76,8 @@ uuid_array(ObxEvent **events, int n)
 static void
 record_prepare_plans(void)
 {
-	Oid record_types[6] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
-						   TIMESTAMPTZARRAYOID, INT8OID, INT8OID};
+	Oid record_types[7] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
+						   TIMESTAMPTZARRAYOID, INT8OID, INT8OID, INT8OID};
 	Oid held_types[2] = {UUIDARRAYOID, TIMESTAMPTZARRAYOID};
 	Oid hold_types[1] = {UUIDARRAYOID};
 	Oid failed_types[7] = {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID,
@@ -87,7 +87,7 @@ record_prepare_plans(void)
 
 	if (renew_plan != NULL)
 		return;
-	record_plan = obx_prepare_kept_generic(OBX_SQL_RECORD, 6, record_types);
+	record_plan = obx_prepare_kept_generic(OBX_SQL_RECORD, 7, record_types);
 	held_published_plan = obx_prepare_kept(OBX_SQL_HELD_PUBLISHED, 2, held_types);
 	hold_plan = obx_prepare_kept(OBX_SQL_HOLD, 1, hold_types);
 	failed_plan = obx_prepare_kept(OBX_SQL_FAILED, 7, failed_types);
@@ -147,7 +147,7 @@ record_delivered(ObxBatch *batch, ObxEvent **events, int n,
 	Datum *parts = palloc(sizeof(Datum) * Max(n, 1));
 	Datum *offsets = palloc(sizeof(Datum) * Max(n, 1));
 	Datum *acked = palloc(sizeof(Datum) * Max(n, 1));
-	Datum args[6];
+	Datum args[7];
 	int i;
 	int rc;
 
@@ -170,6 +170,7 @@ record_delivered(ObxBatch *batch, ObxEvent **events, int n,
 											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 	args[4] = Int64GetDatum(batch->lease_id);
 	args[5] = Int64GetDatum(batch->max_seq);
+	args[6] = Int64GetDatum(batch->min_seq);
 	rc = SPI_execute_plan(record_plan, args, NULL, false, 0);
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx could not record a batch: %s", SPI_result_code_string(rc));
@@ -357,7 +358,9 @@ obx_outbox_release(ObxBatch *batch)
  * Called when a worker starts: only one process at a time runs a given
  * worker number, so any lease still recorded under it belongs to a
  * predecessor that died (crash, kill, error exit).  Its events are re-sent
- * at once, with the same ids, instead of after obx.lease_timeout.
+ * at once, with the same ids, instead of after obx.lease_timeout.  Each
+ * release is a record that names no event; its seq range is one point, so
+ * that looking an event up (obx.outbox_events) passes it by.
  */
 int64
 obx_outbox_release_orphans(int worker)
@@ -373,9 +376,10 @@ obx_outbox_release_orphans(int worker)
 							   "    FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l"
 							   "   WHERE l.owner = $1),"
 							   " gone AS ("
-							   "  INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets,"
-							   "                           published_at)"
-							   "  SELECT o.lease_id, o.max_seq, '{}', '{}', '{}', '{}' FROM orphans o)"
+							   "  INSERT INTO obx.records (lease_id, max_seq, min_seq, ids, partitions,"
+							   "                           offsets, published_at)"
+							   "  SELECT o.lease_id, o.max_seq, o.max_seq, '{}', '{}', '{}', '{}'"
+							   "    FROM orphans o)"
 							   " SELECT coalesce(pg_catalog.sum(n), 0)::pg_catalog.int8 FROM orphans",
 							   1, types, args, NULL, false, 0);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)

@@ -69,6 +69,7 @@ typedef struct ObxBatch
 {
 	int64 lease_id;
 	int64 max_seq; /* the highest seq claimed; its record carries it */
+	int64 min_seq; /* the lowest, which it carries too */
 	int nevents;
 	int in_flight;
 	bool full; /* the claim stopped at obx.batch_size or OBX_BATCH_BYTES */
