@@ -66,7 +66,10 @@
  * They are read once, for the claim and for the floor alike (late): a
  * second reading started every partition's scans again on every claim,
  * which is most of what a claim costs at a steady rate
- * (docs/benchmarks.md).  The keys held back (blocked) may repeat: NOT IN
+ * (docs/benchmarks.md).  So is the first unpublished event at or above
+ * the floor (head), where the new floor starts and the claim reads from:
+ * what lies before it is published or held, and reading from the old
+ * floor stepped over the batches recorded since the last claim.  The keys held back (blocked) may repeat: NOT IN
  * needs no distinct rows, and making them distinct cost a backlog's claims
  * a hash of thousands of keys each.
  */
@@ -84,6 +87,8 @@
 	"          OR (s.quarantined_at IS NOT NULL AND $1))"                                  \
 	"), late AS MATERIALIZED ("                                                            \
 	"  SELECT u.* FROM obx._unpublished_late($3, $4, $5) u"                                \
+	"), head AS MATERIALIZED ("                                                            \
+	"  SELECT u.seq FROM obx._unpublished_from($3, $5) u ORDER BY u.seq LIMIT 1"           \
 	")"                                                                                    \
 	"(SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"                                \
 	"        c.event_type, c.attempts,"                                                    \
@@ -97,7 +102,8 @@
 	"                0 AS attempts, u.headers,"                                            \
 	"                CASE WHEN u.era = obx._era() THEN u.xid END AS xid, u.occurred_at"    \
 	"           FROM obx._unpublished_from($3, $5) u"                                      \
-	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
+	"          WHERE u.seq >= (SELECT head.seq FROM head)"                                 \
+	"            AND (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
 	"          ORDER BY u.seq LIMIT $2)"                                                   \
 	"        UNION ALL"                                                                    \
 	"        (SELECT l.seq, l.id, l.topic, l.event_key, l.payload, l.event_type,"          \
@@ -117,8 +123,7 @@
 	"  ORDER BY c.seq LIMIT $2)"                                                           \
 	" UNION ALL"                                                                           \
 	" SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"                  \
-	"        coalesce(least((SELECT u.seq FROM obx._unpublished_from($3, $5) u"            \
-	"                        ORDER BY u.seq LIMIT 1),"                                     \
+	"        coalesce(least((SELECT head.seq FROM head),"                                  \
 	"                       (SELECT pg_catalog.min(l.seq) FROM late l)),"                  \
 	"                 $6),"                                                                \
 	"        pg_catalog.pg_current_snapshot()"                                             \
