@@ -145,10 +145,10 @@ CREATE INDEX records_max_seq_idx ON obx.records (max_seq);
  * Where one event landed (obx.outbox_events): the records whose claim's
  * seq range holds the event's seq, one index entry per record.  A GIN
  * index on ids, one entry per event, took a fifth of the relay's CPU in a
- * drain (docs/benchmarks.md, "The records' index").  numrange, not int8range: a lease
- * holding a retried event has max_seq 2^63 - 1, one past which int8range
- * cannot close.  Stored, so that a scan of a few records compares ranges
- * instead of building one per record and event.
+ * drain (docs/benchmarks.md, "The records' index").  numrange, not
+ * int8range: a lease holding a retried event has max_seq 2^63 - 1, one
+ * past which int8range cannot close.  Stored, so that a scan of a few
+ * records compares ranges instead of building one per record and event.
  */
 CREATE INDEX records_seqs_idx ON obx.records USING gist (seqs);
 
@@ -544,8 +544,8 @@ $$;
  * errors and attempts from obx.event_states.  Skipped events are in obx.skipped_events instead.
  * Reading where one event landed is an index lookup of the records whose
  * claims spanned its seq, and a search of their ids; reading them all
- * does that for every event.  1.0's obx.replay(topic, since, until) reads it as
- * it read the table, unchanged.
+ * does that for every event.  1.0's obx.replay(topic, since, until) reads
+ * it as it read the table, unchanged.
  */
 CREATE VIEW obx.outbox_events AS
 SELECT e.id, e.seq, e.aggregate_id, e.topic, e.event_key, e.event_type,
