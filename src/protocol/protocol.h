@@ -69,9 +69,10 @@
  * (docs/benchmarks.md).  So is the first unpublished event at or above
  * the floor (head), where the new floor starts and the claim reads from:
  * what lies before it is published or held, and reading from the old
- * floor stepped over the batches recorded since the last claim.  The keys held back (blocked) may repeat: NOT IN
- * needs no distinct rows, and making them distinct cost a backlog's claims
- * a hash of thousands of keys each.
+ * floor stepped over the batches recorded since the last claim.  The keys
+ * held back (blocked) may repeat: NOT IN needs no distinct rows, and
+ * making them distinct cost a backlog's claims a hash of thousands of keys
+ * each.
  */
 #define OBX_SQL_CLAIM                                                                      \
 	"WITH blocked AS MATERIALIZED ("                                                       \
