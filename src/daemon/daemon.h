@@ -48,7 +48,8 @@ typedef struct Config
 	char *kafka_values[MAX_KAFKA_PROPS];
 	int nkafka;
 	int batch_size;
-	int poll_interval_ms;
+	int poll_interval_ms; /* after a claim that took nothing */
+	int claim_gap_ms;     /* after one that took events, not a full batch */
 	int lease_timeout_s;
 	int delivery_timeout_ms;
 	int max_attempts;

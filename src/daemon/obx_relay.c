@@ -179,6 +179,7 @@ config_defaults(Config *c)
 	/* The in-database relay's defaults (docs/configuration.md). */
 	c->batch_size = 2000;
 	c->poll_interval_ms = 40;
+	c->claim_gap_ms = 20;
 	c->lease_timeout_s = 60;
 	c->delivery_timeout_ms = 30000;
 	c->max_attempts = 10;
@@ -262,6 +263,7 @@ config_set(Config *c, const char *name, const char *value)
 		return parse_int(name, value, min, max, &c->field);
 	INT_SETTING("batch_size", batch_size, 1, 100000);
 	INT_SETTING("poll_interval", poll_interval_ms, 1, 3600000);
+	INT_SETTING("claim_gap", claim_gap_ms, 0, 3600000);
 	INT_SETTING("lease_timeout", lease_timeout_s, 1, 86400);
 	INT_SETTING("delivery_timeout", delivery_timeout_ms, 1000, 3600000);
 	INT_SETTING("max_attempts", max_attempts, 1, 1000000);
@@ -1408,11 +1410,12 @@ remember_idle(Database *db, Batch *batch, int taken)
 
 /*
  * Claim and produce the database's next batch when one is due and the
- * pipeline has room: at once after a full claim, otherwise a poll interval
- * after the last claim began (the time a claim takes counts).  A batch is
- * claimed while the leases of the batches already out are live, so it
- * holds no event of their keys: per-key order does not depend on which
- * batch is acknowledged first.
+ * pipeline has room: at once after a full claim, claim_gap after the start
+ * of one that took events (as the in-database relay's obx.claim_gap), and
+ * poll_interval after one that took nothing or found nothing new (the time
+ * a claim takes counts).  A batch is claimed while the leases of the
+ * batches already out are live, so it holds no event of their keys:
+ * per-key order does not depend on which batch is acknowledged first.
  */
 static void
 launch(Database *db, rd_kafka_t *rk)
@@ -1442,8 +1445,7 @@ launch(Database *db, rd_kafka_t *rk)
 	}
 	batch->used = true;
 	db->nflights++;
-	if (batch->full)
-		db->claim_at = 0;
+	db->claim_at = batch->full ? 0 : started + (long long) obx_config.claim_gap_ms * 1000;
 	produce(rk, batch);
 	batch->renew_at = obx_now_us() + (long long) obx_config.lease_timeout_s * 1000000 / 3;
 }
