@@ -143,7 +143,7 @@ obx running (obx.enqueue; the relay with its defaults), round $round | $out | $(
 		tps_rows="$tps_rows
 Debezium running (INSERT into its outbox; Connect, poll.interval.ms 10), round $round | $out | $(dbz_backlog)"
 		# Caught up before it stops, so that the next round starts even.
-		wait_for 600 "Debezium to publish its backlog" test "$(dbz_backlog)" -le 0 || return 1
+		wait_for 600 "Debezium to publish its backlog" dbz_caught_up || return 1
 		dbz_stop
 	done
 	reset_outbox
@@ -244,14 +244,27 @@ dbz_stop()
 	kill "$dbz_pid" 2>/dev/null || true
 	wait "$dbz_pid" 2>/dev/null || true
 	dbz_pid=""
-	wait_for 60 "Debezium's slot to be released" \
-		test "$(sql_value "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'bench_dbz' AND active")" = 0
+	wait_for 60 "Debezium's slot to be released" dbz_slot_released
+}
+
+# dbz_slot_released: whether no session holds Debezium's slot (read again
+# at each call: a condition for wait_for).
+dbz_slot_released()
+{
+	[ "$(sql_value "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'bench_dbz' AND active")" = 0 ]
 }
 
 # dbz_backlog: the throughput runs' rows that Debezium has not published.
 dbz_backlog()
 {
 	echo $(($(sql_value "SELECT count(*) FROM bench.dbz_outbox WHERE aggregatetype = 'tps'") - $(topic_count bench.vs.dbz.tps)))
+}
+
+# dbz_caught_up: whether Debezium has published its whole backlog (read
+# again at each call: a condition for wait_for).
+dbz_caught_up()
+{
+	[ "$(dbz_backlog)" -le 0 ]
 }
 
 # topic_count TOPIC: how many messages the topic's 4 partitions hold.
