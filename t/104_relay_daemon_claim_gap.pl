@@ -4,7 +4,7 @@
 #
 # Proves, on the Kafka stand-in, with poll_interval = 20 and claim_gap =
 # 1500 (ms):
-# - a bad claim_gap is refused by name, and the daemon does not start;
+# - a bad claim_gap is refused by name (obx-relay --check fails on it);
 # - after a claim that took an event, the daemon does not claim again
 #   before claim_gap has passed since that claim began: an event committed
 #   right after it is claimed at least most of a gap later, not at the next
