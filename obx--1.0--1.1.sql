@@ -262,7 +262,9 @@ $$;
  * index).
  * Each part is one SELECT, inlined into the claim, which reads each in seq
  * order up to the batch size: the planner merges the partitions' index
- * scans and stops early, which it does not do across a UNION ALL.
+ * scans and stops early, which it does not do across a UNION ALL (the
+ * claim's batch spells _unpublished_from out: OBX_SQL_CLAIM in
+ * src/protocol/protocol.h says why).
  * _unpublished is both, for the rest.
  */
 CREATE FUNCTION obx._unpublished_from(floor bigint, tick bigint)

@@ -69,7 +69,14 @@
  * (docs/benchmarks.md).  So is the first unpublished event at or above
  * the floor (head), where the new floor starts and the claim reads from:
  * what lies before it is published or held, and reading from the old
- * floor stepped over the batches recorded since the last claim.  The keys
+ * floor stepped over the batches recorded since the last claim.  From
+ * head on, the batch is obx._unpublished_from(head, $5) spelled out (a
+ * function whose argument is a subquery is not inlined): only records
+ * whose max_seq reaches head can name an event there (a record's max_seq
+ * is its batch's highest seq), so it hashes those alone, not the ids of
+ * the batches recorded between the floor and head, which in a backlog
+ * are a whole batch or more (docs/benchmarks.md).  u.seq >= $3 keeps the
+ * generic plan on the seq index in seq order.  The keys
  * held back (blocked) may repeat: NOT IN needs no distinct rows, and
  * making them distinct cost a backlog's claims a hash of thousands of keys
  * each.
@@ -102,8 +109,11 @@
 	"       ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"          \
 	"                0 AS attempts, u.headers,"                                            \
 	"                CASE WHEN u.era = obx._era() THEN u.xid END AS xid, u.occurred_at"    \
-	"           FROM obx._unpublished_from($3, $5) u"                                      \
-	"          WHERE u.seq >= (SELECT head.seq FROM head)"                                 \
+	"           FROM obx.events u"                                                         \
+	"          WHERE u.seq >= $3 AND u.seq >= (SELECT head.seq FROM head)"                 \
+	"            AND u.id NOT IN (SELECT p FROM obx._published_ids("                       \
+	"                               (SELECT head.seq FROM head), $5) p)"                   \
+	"            AND u.id NOT IN (SELECT s.id FROM obx.event_states s)"                    \
 	"            AND (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
 	"          ORDER BY u.seq LIMIT $2)"                                                   \
 	"        UNION ALL"                                                                    \
