@@ -97,6 +97,7 @@ typedef struct Batch
 	Event *events;
 	int in_flight;
 	bool full;
+	bool held;      /* an event of it came from obx.event_states (OBX_SQL_LEASE) */
 	PGresult *rows; /* the claim's rows, which the events point into */
 } Batch;
 
@@ -585,13 +586,13 @@ typedef struct Statement
 	const char *name;
 	const char *sql;
 	int nparams;
-	Oid types[9];
+	Oid types[10];
 } Statement;
 
 static const Statement statements[] = {
 	{"obx_tick", OBX_SQL_TICK, 0, {0}},
 	{"obx_claim", OBX_SQL_CLAIM, 6, {BOOLOID, INT4OID, INT8OID, PGSNAPSHOTOID, INT8OID, INT8OID}},
-	{"obx_lease", OBX_SQL_LEASE, 9, {INT8OID, INT4OID, FLOAT8OID, PGSNAPSHOTOID, INT8OID, INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID}},
+	{"obx_lease", OBX_SQL_LEASE, 10, {INT8OID, INT4OID, FLOAT8OID, PGSNAPSHOTOID, INT8OID, INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID, BOOLOID}},
 	{"obx_record", OBX_SQL_RECORD, 7, {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TSTZARRAYOID, INT8OID, INT8OID, INT8OID}},
 	{"obx_held_published", OBX_SQL_HELD_PUBLISHED, 2, {UUIDARRAYOID, TSTZARRAYOID}},
 	{"obx_claim_lock", OBX_SQL_CLAIM_LOCK, 2, {INT4OID, INT4OID}},
@@ -798,6 +799,7 @@ take_batch(Batch *batch, PGresult *rows)
 	batch->rows = rows;
 	batch->events = obx_xcalloc(nrows, sizeof(Event));
 	batch->max_seq = 0;
+	batch->held = false;
 	while (n < nrows && bytes < OBX_BATCH_BYTES)
 	{
 		Event *ev = &batch->events[n];
@@ -821,6 +823,9 @@ take_batch(Batch *batch, PGresult *rows)
 		ev->event_type = PQgetisnull(rows, n, 5) ? NULL : PQgetvalue(rows, n, 5);
 		if (!PQgetisnull(rows, n, 7))
 			read_headers(ev, PQgetvalue(rows, n, 7), PQgetlength(rows, n, 7));
+		/* A bool in binary: one byte, 1 for true. */
+		if (PQgetvalue(rows, n, OBX_CLAIM_HELD_COL - 1)[0] == 1)
+			batch->held = true;
 		bytes += ev->payload_len;
 		n++;
 	}
@@ -984,10 +989,10 @@ claim(Database *db, Batch *batch)
 	if (batch->nevents > 0 || next_floor != atoll(floor))
 	{
 		/* The new tick goes back as the claim gave it, in binary. */
-		const char *params[9];
-		int lengths[9] = {0, 0, 0, PQgetlength(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1),
-						  8, 0, (int) ids.len, (int) topics.len, (int) keys.len};
-		int formats[9] = {0, 0, 0, 1, 1, 0, 1, 1, 1};
+		const char *params[10];
+		int lengths[10] = {0, 0, 0, PQgetlength(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1),
+						   8, 0, (int) ids.len, (int) topics.len, (int) keys.len, 0};
+		int formats[10] = {0, 0, 0, 1, 1, 0, 1, 1, 1, 0};
 
 		snprintf(lease_s, sizeof(lease_s), "%d", batch->nevents > 0 ? obx_config.lease_timeout_s : 0);
 		snprintf(max_seq, sizeof(max_seq), "%lld", batch->max_seq);
@@ -1001,6 +1006,7 @@ claim(Database *db, Batch *batch)
 		params[6] = batch->nevents > 0 ? ids.data : NULL;
 		params[7] = batch->nevents > 0 ? topics.data : NULL;
 		params[8] = batch->nevents > 0 ? keys.data : NULL;
+		params[9] = batch->held ? "t" : "f";
 		res = run_binary(db, "obx_lease", params, lengths, formats, 0);
 		if (res == NULL)
 			goto done;

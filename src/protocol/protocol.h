@@ -51,7 +51,8 @@
  * its payload as stored and its inserting transaction (NULL for an event
  * claimed from obx.event_states: it failed, or was published, before; and
  * for one of another era, copied in: its commit here was durable before a
- * relay could claim it).  A last row, with a NULL seq and no event,
+ * relay could claim it), and whether it was claimed from obx.event_states
+ * (held).  A last row, with a NULL seq and no event,
  * carries the new tick: the lowest unpublished seq (the events claimed now
  * included: they are not published yet, and so are the events of the keys
  * held back) and the snapshot itself; nothing claimable gives that row
@@ -104,11 +105,12 @@
 	"          (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"                        \
 	"             FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"        \
 	"        c.xid, c.occurred_at, NULL::pg_catalog.int8 AS floor,"                        \
-	"        NULL::pg_catalog.pg_snapshot AS snap"                                         \
+	"        NULL::pg_catalog.pg_snapshot AS snap, c.held"                                 \
 	"   FROM"                                                                              \
 	"       ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"          \
 	"                0 AS attempts, u.headers,"                                            \
-	"                CASE WHEN u.era = obx._era() THEN u.xid END AS xid, u.occurred_at"    \
+	"                CASE WHEN u.era = obx._era() THEN u.xid END AS xid, u.occurred_at,"   \
+	"                false AS held"                                                        \
 	"           FROM obx.events u"                                                         \
 	"          WHERE u.seq >= $3 AND u.seq >= (SELECT head.seq FROM head)"                 \
 	"            AND u.id NOT IN (SELECT p FROM obx._published_ids("                       \
@@ -118,13 +120,13 @@
 	"          ORDER BY u.seq LIMIT $2)"                                                   \
 	"        UNION ALL"                                                                    \
 	"        (SELECT l.seq, l.id, l.topic, l.event_key, l.payload, l.event_type,"          \
-	"                0, l.headers, l.xid, l.occurred_at"                                   \
+	"                0, l.headers, l.xid, l.occurred_at, false"                            \
 	"           FROM late l"                                                               \
 	"          WHERE (l.topic, l.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
 	"          ORDER BY l.seq)"                                                            \
 	"        UNION ALL"                                                                    \
 	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"          \
-	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at"          \
+	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at, true"    \
 	"           FROM obx.event_states s"                                                   \
 	"          WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                      \
 	"            AND s.quarantined_at IS NULL"                                             \
@@ -137,11 +139,13 @@
 	"        coalesce(least((SELECT head.seq FROM head),"                                  \
 	"                       (SELECT pg_catalog.min(l.seq) FROM late l)),"                  \
 	"                 $6),"                                                                \
-	"        pg_catalog.pg_current_snapshot()"                                             \
+	"        pg_catalog.pg_current_snapshot(), NULL"                                       \
 	" ORDER BY 1"
 /* The columns of the claim's rows that hold the new tick (counted from 1). */
 #define OBX_CLAIM_FLOOR_COL 11
 #define OBX_CLAIM_SNAP_COL  12
+/* Whether the row's event was claimed from obx.event_states (OBX_SQL_LEASE). */
+#define OBX_CLAIM_HELD_COL  13
 
 /*
  * A claim stops taking events once their payloads reach this many bytes
@@ -157,14 +161,17 @@
  * at or above its floor), which must include every lease whose events are
  * not done.  An event taken from obx.event_states (a retry or a replay) is
  * done for the floor, which may pass it while it is in flight; a lease
- * holding one gets max_seq past every seq, so that it holds its keys and
- * its events until it is recorded or runs out.
+ * holding one ($10: a row of the batch says so in OBX_CLAIM_HELD_COL) gets
+ * max_seq past every seq, so that it holds its keys and its events until
+ * it is recorded or runs out.  The claim says which rows came from
+ * obx.event_states: looking the batch's ids up there cost a backlog's
+ * claim an index search per event, about 5 % of the relay's CPU in a
+ * drain (docs/benchmarks.md).
  */
 #define OBX_SQL_LEASE                                                                          \
 	"INSERT INTO obx.claims (lease_id, owner, until, snap, floor, max_seq, ids, topics, keys)" \
 	" VALUES ($1, $2, pg_catalog.now() + pg_catalog.make_interval(secs => $3), $4, $5,"        \
-	"         CASE WHEN EXISTS (SELECT FROM obx.event_states s WHERE s.id = ANY ($7))"         \
-	"              THEN 9223372036854775807 ELSE $6 END,"                                      \
+	"         CASE WHEN $10 THEN 9223372036854775807 ELSE $6 END,"                             \
 	"         $7, $8, $9)"
 
 #define OBX_SQL_CLAIM_LOCK "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)"

@@ -100,6 +100,7 @@ typedef struct ClaimLease
 	Datum *ids;
 	Datum *topics;
 	Datum *keys;
+	bool held; /* an event of the batch came from obx.event_states */
 } ClaimLease;
 
 /* Set when a wait for the synchronous standby was interrupted. */
@@ -110,14 +111,14 @@ static void
 claim_prepare_plans(void)
 {
 	Oid claim_types[6] = {BOOLOID, INT4OID, INT8OID, PG_SNAPSHOTOID, INT8OID, INT8OID};
-	Oid lease_types[9] = {INT8OID, INT4OID, FLOAT8OID, PG_SNAPSHOTOID, INT8OID,
-						  INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID};
+	Oid lease_types[10] = {INT8OID, INT4OID, FLOAT8OID, PG_SNAPSHOTOID, INT8OID,
+						   INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID, BOOLOID};
 
 	if (claim_plan != NULL)
 		return;
 	tick_plan = obx_prepare_kept_generic(OBX_SQL_TICK, 0, NULL);
 	claim_plan = obx_prepare_kept_generic(OBX_SQL_CLAIM, 6, claim_types);
-	lease_plan = obx_prepare_kept_generic(OBX_SQL_LEASE, 9, lease_types);
+	lease_plan = obx_prepare_kept_generic(OBX_SQL_LEASE, 10, lease_types);
 }
 
 static char *
@@ -435,6 +436,7 @@ take_batch(ObxBatch *batch, int64 lease_id, MemoryContext caller,
 	lease->ids = palloc(sizeof(Datum) * Max(nrows, 1));
 	lease->topics = palloc(sizeof(Datum) * Max(nrows, 1));
 	lease->keys = palloc(sizeof(Datum) * Max(nrows, 1));
+	lease->held = false;
 	batch->lease_id = lease_id;
 	batch->max_seq = 0;
 	batch->min_seq = 0;
@@ -454,6 +456,9 @@ take_batch(ObxBatch *batch, int64 lease_id, MemoryContext caller,
 													 SPI_tuptable->tupdesc, 1, &isnull));
 		if (n == 0)
 			batch->min_seq = batch->max_seq;
+		if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[n], SPI_tuptable->tupdesc,
+									   OBX_CLAIM_HELD_COL, &isnull)))
+			lease->held = true;
 		n++;
 	}
 	batch->nevents = (int) n;
@@ -467,8 +472,8 @@ take_batch(ObxBatch *batch, int64 lease_id, MemoryContext caller,
 static void
 insert_claim(ObxBatch *batch, int worker, ClaimLease *lease, int n, const ClaimTick *tick)
 {
-	Datum args[9];
-	char nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum args[10];
+	char nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	int rc;
 
 	args[0] = Int64GetDatum(batch->lease_id);
@@ -477,6 +482,7 @@ insert_claim(ObxBatch *batch, int worker, ClaimLease *lease, int n, const ClaimT
 	args[3] = tick->snap;
 	args[4] = tick->floor;
 	args[5] = Int64GetDatum(batch->max_seq);
+	args[9] = BoolGetDatum(lease->held);
 	if (n > 0)
 	{
 		args[6] = PointerGetDatum(construct_array(lease->ids, n, UUIDOID, UUID_LEN,
