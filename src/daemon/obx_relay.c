@@ -683,11 +683,9 @@ disconnect(Database *db, const char *why)
  * of the backend's CPU (docs/benchmarks.md).  glibc raises its thresholds
  * when a block it mmapped is freed (mallopt(3), the dynamic mmap
  * threshold): to 8 MB for mmap and 16 MB for the trim, past what a claim
- * frees, so that the backend keeps its memory between claims.  Measured,
- * 100,000 events: 53,000 page faults in the backend without it, 15,000
- * with it; the in-database relay's worker, 16,000.  The string is built
- * by kilobytes and not scanned (octet_length): about 12 ms, once per
- * connection.  On another allocator it changes nothing.
+ * frees, so that the backend keeps its memory between claims.  The string
+ * is built by kilobytes and not scanned (octet_length): about 12 ms, once
+ * per connection.  On another allocator it changes nothing.
  */
 #define BACKEND_MALLOC_WARMUP \
 	"SELECT pg_catalog.octet_length(pg_catalog.repeat(pg_catalog.repeat('x', 1024), 8 * 1024))"
