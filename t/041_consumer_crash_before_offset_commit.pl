@@ -93,9 +93,7 @@ ok(kill('KILL', $old_pid), "SIGKILL sent to consumer $old_pid");
 # The postmaster ends every backend, our lock holder too.
 eval { $gate->quit; };
 
-wait_until(sub {
-	slurp_file($node->logfile, $log_offset) =~ /all server processes terminated; reinitializing/ },
-	'crash recovery to begin');
+wait_for_crash_restart($node, $log_offset, 'the consumer killed');
 my $log = slurp_file($node->logfile, $log_offset);
 like($log, qr/\(PID $old_pid\) was terminated by signal 9/,
 	'the postmaster saw the consumer die of SIGKILL');

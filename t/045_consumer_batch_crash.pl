@@ -79,9 +79,7 @@ is(q1(qq{SELECT coalesce(sum(processed), 0) FROM obx.consumer_status
 my $log_offset = -s $node->logfile;
 ok(kill('KILL', $old_pid), "SIGKILL sent to consumer $old_pid inside the batch");
 eval { $gate->quit; };
-wait_until(sub {
-	slurp_file($node->logfile, $log_offset) =~ /all server processes terminated; reinitializing/ },
-	'crash recovery to begin');
+wait_for_crash_restart($node, $log_offset, 'the consumer killed inside its batch');
 like(slurp_file($node->logfile, $log_offset), qr/\(PID $old_pid\) was terminated by signal 9/,
 	'the postmaster saw the consumer die of SIGKILL');
 ok($node->poll_query_until('postgres', qq{

@@ -176,11 +176,7 @@ my $log_offset = -s $node->logfile;
 ok(kill('KILL', $victim),
 	"SIGKILL sent to obx consumer $victim ($orders_at_kill orders placed, $reserved_at_kill reserved so far)");
 
-# No query before crash recovery has begun: a connection made while the
-# postmaster ends every backend can break under psql.
-wait_until(sub {
-	slurp_file($node->logfile, $log_offset) =~ /all server processes terminated; reinitializing/ },
-	'crash recovery to begin');
+wait_for_crash_restart($node, $log_offset, 'a consumer killed');
 ok($node->poll_query_until('postgres',
 	"SELECT count(*) = 2 FROM pg_stat_activity WHERE backend_type = 'obx consumer' AND pid <> $victim"),
 	'the consumer workers are back after crash recovery');

@@ -157,9 +157,8 @@ ok(kill('KILL', $held_pid), "SIGKILL sent to consumer worker $held_pid while eve
 # The postmaster ends every backend: the lock holder and the producer too.
 eval { $gate->quit; };
 eval { $producer->quit; };
-ok(wait_until(sub {
-	slurp_file($node->logfile, $log_offset) =~ /all server processes terminated; reinitializing/ },
-	'crash recovery to begin'), 'the postmaster reinitialized after the SIGKILL');
+ok(wait_for_crash_restart($node, $log_offset, 'a consumer killed while events flow'),
+	'the postmaster reinitialized after the SIGKILL and accepts connections');
 my @old = (@before, $back);
 ok($node->poll_query_until('postgres', qq{
 	SELECT count(*) = 2 FROM pg_stat_activity

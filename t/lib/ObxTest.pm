@@ -19,7 +19,7 @@ use Test::More;
 use Time::HiRes qw(usleep time);
 
 our @EXPORT = qw(start_mock mock_cmd start_kafka kafka_cluster create_topic obx_node obx_node_at obx_primary relay_ready read_topic wait_for_broker
-  wait_until all_published event_ids_at_broker first_occurrences copies_of_key
+  wait_until wait_for_crash_restart all_published event_ids_at_broker first_occurrences copies_of_key
   enqueue_with_rollbacks
   committed_ids worker_pids relay_pids broker_holds_exactly);
 
@@ -255,6 +255,26 @@ sub wait_until
 	my $msg = sprintf('timed out after %.0f s waiting for %s', time() - $start, $what);
 	$opt{quiet} ? note($msg) : fail($msg);
 	return 0;
+}
+
+# wait_for_crash_restart($node, $log_offset, $what): after a process of
+# $node was killed, wait until the postmaster has logged (past $log_offset)
+# that it reinitializes, then until a connection succeeds.  Query only after
+# it returns: during crash recovery psql exits at once, and PostgreSQL 14's
+# poll_query_until dies writing its query to it (a broken pipe).  Returns
+# 1, or 0 after failing a check that names $what.
+sub wait_for_crash_restart
+{
+	my ($node, $log_offset, $what) = @_;
+	return 0
+	  unless wait_until(
+		sub {
+			slurp_file($node->logfile, $log_offset)
+			  =~ /all server processes terminated; reinitializing/;
+		},
+		"the postmaster to reinitialize ($what)");
+	return wait_until(sub { eval { $node->safe_psql('postgres', 'SELECT 1'); 1 } },
+		"connections after crash recovery ($what)");
 }
 
 # read_topic($mock, $topic): every message in the topic, read from the

@@ -206,13 +206,7 @@ sub crash_relay_at_record
 	# psql only notices its session died at its next command.
 	eval { $bg->quit; };
 
-	# Poll only once the instance is back: while it restarts psql exits at
-	# once, and PostgreSQL 14's poll_query_until then dies writing its
-	# query to it (a broken pipe).
-	wait_until(sub { slurp_file($node->logfile, $log_offset) =~ /all server processes terminated; reinitializing/ },
-		"${label}the postmaster to reinitialize");
-	wait_until(sub { eval { $node->safe_psql('postgres', 'SELECT 1'); 1 } },
-		"${label}the instance to accept connections after crash recovery");
+	wait_for_crash_restart($node, $log_offset, "${label}the relay killed");
 	ok($node->poll_query_until('postgres',
 		"SELECT published_at IS NOT NULL FROM obx.outbox_events WHERE id = '$victim'"),
 		"${label}the victim is published after crash recovery");
