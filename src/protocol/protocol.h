@@ -139,13 +139,85 @@
 	"        coalesce(least((SELECT head.seq FROM head),"                                  \
 	"                       (SELECT pg_catalog.min(l.seq) FROM late l)),"                  \
 	"                 $6),"                                                                \
-	"        pg_catalog.pg_current_snapshot(), NULL"                                       \
+	"        pg_catalog.pg_current_snapshot(), NOT EXISTS (SELECT 1 FROM blocked)"         \
 	" ORDER BY 1"
+
+/*
+ * The claim since a complete tick: one whose claim took every event not
+ * done that its snapshot saw (nothing held back, the batch not full), taken
+ * by this worker, whose batches since have all been delivered.  Every
+ * event that snapshot saw is then done, and what is left is what it did
+ * not see: the events of the transactions it did not see committed
+ * ($4's xmax and after, and those running), which the xid index finds
+ * without the walk from the floor, the records or obx._published_ids.  No
+ * claim came since (the tick is the latest), so none of them is in a
+ * batch, recorded or in obx.event_states (whose rows are all of claimed
+ * events: failed, or quarantined and then skipped, retried or replayed).
+ * Keys are held back as in OBX_SQL_CLAIM.  The new floor is the first of them, taken
+ * or not.  In the tick row, OBX_CLAIM_COMPLETE_COL says whether none was
+ * held back.  Used by the in-database relay (claim.c); the same arguments
+ * as OBX_SQL_CLAIM.
+ */
+#define OBX_SQL_CLAIM_SINCE                                                                \
+	"WITH blocked AS MATERIALIZED ("                                                       \
+	"  SELECT k.topic, k.event_key"                                                        \
+	"    FROM obx._live_leases($3, $5) l,"                                                 \
+	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"          \
+	"           AS k(topic, event_key)"                                                    \
+	"  UNION ALL"                                                                          \
+	"  SELECT s.topic, s.event_key"                                                        \
+	"    FROM obx.event_states s"                                                          \
+	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                             \
+	"     AND (s.next_attempt_at > pg_catalog.now()"                                       \
+	"          OR (s.quarantined_at IS NOT NULL AND $1))"                                  \
+	"), unseen AS MATERIALIZED ("                                                          \
+	"  SELECT e.* FROM obx.events e"                                                       \
+	"   WHERE ((e.xid >= pg_catalog.pg_snapshot_xmax($4)::text::bigint"                    \
+	"           AND e.xid < pg_catalog.pg_snapshot_xmax("                                  \
+	"                         pg_catalog.pg_current_snapshot())::text::bigint)"            \
+	"          OR e.xid = ANY (ARRAY(SELECT x::text::bigint"                               \
+	"                                  FROM pg_catalog.pg_snapshot_xip($4) x)))"           \
+	"     AND e.era = obx._era()"                                                          \
+	")"                                                                                    \
+	"(SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"                                \
+	"        c.event_type, c.attempts,"                                                    \
+	"        CASE WHEN c.headers IS NOT NULL THEN"                                         \
+	"          (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"                        \
+	"             FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"        \
+	"        c.xid, c.occurred_at, NULL::pg_catalog.int8 AS floor,"                        \
+	"        NULL::pg_catalog.pg_snapshot AS snap, c.held"                                 \
+	"   FROM"                                                                              \
+	"       ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"          \
+	"                0 AS attempts, u.headers, u.xid, u.occurred_at, false AS held"        \
+	"           FROM unseen u"                                                             \
+	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
+	"          ORDER BY u.seq)"                                                            \
+	"        UNION ALL"                                                                    \
+	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"          \
+	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at, true"    \
+	"           FROM obx.event_states s"                                                   \
+	"          WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                      \
+	"            AND s.quarantined_at IS NULL"                                             \
+	"            AND s.next_attempt_at <= pg_catalog.now()"                                \
+	"            AND (s.topic, s.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
+	"          ORDER BY s.seq LIMIT $2)) c"                                                \
+	"  ORDER BY c.seq LIMIT $2)"                                                           \
+	" UNION ALL"                                                                           \
+	" SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"                  \
+	"        coalesce((SELECT pg_catalog.min(u.seq) FROM unseen u), $6),"                  \
+	"        pg_catalog.pg_current_snapshot(),"                                            \
+	"        NOT EXISTS (SELECT 1 FROM unseen u"                                           \
+	"                     WHERE (u.topic, u.event_key) IN"                                 \
+	"                           (SELECT topic, event_key FROM blocked))"                   \
+	" ORDER BY 1"
+
 /* The columns of the claim's rows that hold the new tick (counted from 1). */
-#define OBX_CLAIM_FLOOR_COL 11
-#define OBX_CLAIM_SNAP_COL  12
+#define OBX_CLAIM_FLOOR_COL    11
+#define OBX_CLAIM_SNAP_COL     12
+/* In the tick row: whether the claim held back no event (see above). */
+#define OBX_CLAIM_COMPLETE_COL 13
 /* Whether the row's event was claimed from obx.event_states (OBX_SQL_LEASE). */
-#define OBX_CLAIM_HELD_COL  13
+#define OBX_CLAIM_HELD_COL     13
 
 /*
  * A claim stops taking events once their payloads reach this many bytes

@@ -23,11 +23,14 @@
  * its floor, the lowest seq it found unpublished.  The next claim reads the
  * unpublished events from that tick (obx._unpublished): from the floor on,
  * in seq order, plus the events of transactions the snapshot did not see
- * (late committers, whatever their seq).  A lease ends when its record is
- * appended (outbox.c) or when it runs out: an expired lease is simply no
- * longer live for the next claim.  The lease id is drawn under the claim
- * lock, so claims after a tick have higher ids than the tick's; that is how
- * the claim bounds the records and leases it reads.
+ * (late committers, whatever their seq); or, from this worker's own
+ * complete tick with its batches all delivered, only what that tick did
+ * not see (OBX_SQL_CLAIM_SINCE, docs/internals.md says why that is all
+ * there is).  A lease ends when its record is appended (outbox.c) or when
+ * it runs out: an expired lease is simply no longer live for the next
+ * claim.  The lease id is drawn under the claim lock, so claims after a
+ * tick have higher ids than the tick's; that is how the claim bounds the
+ * records and leases it reads.
  *
  * The claim's plan is generic (planning it costs more than running it),
  * built with enable_seqscan off: whatever the tick's values, each part
@@ -71,7 +74,16 @@
 
 static SPIPlanPtr tick_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr since_plan = NULL;
 static SPIPlanPtr lease_plan = NULL;
+
+/*
+ * The lease id of this worker's latest claim row if that claim was
+ * complete (it held back no event it saw: OBX_SQL_CLAIM_SINCE), else 0.
+ * Forgotten when a batch of this worker's comes back with an event not
+ * delivered (obx_claim_forget): that event may not be done.
+ */
+static int64 complete_tick = 0;
 
 /* The tick a claim starts from, and the one it leaves. */
 typedef struct ClaimTick
@@ -118,6 +130,7 @@ claim_prepare_plans(void)
 		return;
 	tick_plan = obx_prepare_kept_generic(OBX_SQL_TICK, 0, NULL);
 	claim_plan = obx_prepare_kept_generic(OBX_SQL_CLAIM, 6, claim_types);
+	since_plan = obx_prepare_kept_generic(OBX_SQL_CLAIM_SINCE, 6, claim_types);
 	lease_plan = obx_prepare_kept_generic(OBX_SQL_LEASE, 10, lease_types);
 }
 
@@ -319,6 +332,7 @@ release_claim(ObxBatch *batch)
 						   batch->nevents, batch->nevents),
 			 errdetail("Events are published only once the synchronous standby has them; they are claimed again.")));
 	batch->nevents = 0;
+	obx_claim_forget();
 	obx_note_change();
 }
 
@@ -372,12 +386,15 @@ lease_seq_behind(int worker, int64 lease_id, int64 latest)
 /*
  * Run the claim under a snapshot of its own, leaving the events it found
  * in SPI_tuptable (SPI_processed counts them: the row after them, the
- * last, carries the new tick), and that tick (floor, snapshot) in next.
+ * last, carries the new tick), and that tick (floor, snapshot) in next,
+ * with whether it held nothing back in *complete.  Since a complete tick,
+ * it reads only what that tick did not see (OBX_SQL_CLAIM_SINCE).
  * Returns the count of changes, read before the snapshot is taken; the WAL
  * positions and the asynchronous commits are read after it.
  */
 static uint64
-claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
+claim_select(const ClaimTick *from, bool since, ClaimTick *next, bool *complete,
+			 ClaimWal *wal)
 {
 	Datum args[6];
 	uint64 changes;
@@ -400,8 +417,8 @@ claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	wal->visible_upto = GetXLogInsertRecPtr();
 	wal->settled = obx_async_commits_settled(&wal->flush_upto);
-	rc = SPI_execute_snapshot(claim_plan, args, NULL, snapshot, InvalidSnapshot,
-							  true, false, 0);
+	rc = SPI_execute_snapshot(since ? since_plan : claim_plan, args, NULL, snapshot,
+							  InvalidSnapshot, true, false, 0);
 	if (rc != SPI_OK_SELECT || SPI_processed < 1)
 		elog(ERROR, "obx claim failed: %s", SPI_result_code_string(rc));
 	UnregisterSnapshot(snapshot);
@@ -413,6 +430,7 @@ claim_select(const ClaimTick *from, ClaimTick *next, ClaimWal *wal)
 		elog(ERROR, "obx claim gave no tick row");
 	next->floor = SPI_getbinval(last, desc, OBX_CLAIM_FLOOR_COL, &isnull);
 	next->snap = datumCopy(SPI_getbinval(last, desc, OBX_CLAIM_SNAP_COL, &isnull), false, -1);
+	*complete = DatumGetBool(SPI_getbinval(last, desc, OBX_CLAIM_COMPLETE_COL, &isnull));
 	SPI_processed--;
 	return changes;
 }
@@ -534,6 +552,18 @@ make_durable(ObxBatch *batch, const ClaimWal *wal)
 }
 
 /*
+ * obx_claim_forget
+ *		A batch of this worker's came back with an event not delivered
+ *		(failed, not sent, or released): the next claim reads from the
+ *		floor, not only what its tick did not see.
+ */
+void
+obx_claim_forget(void)
+{
+	complete_tick = 0;
+}
+
+/*
  * obx_outbox_claim
  *		Lease up to obx.batch_size publishable events to this worker, fewer
  *		when their payloads pass OBX_BATCH_BYTES.
@@ -543,9 +573,12 @@ make_durable(ObxBatch *batch, const ClaimWal *wal)
  * WAL flushed past the claimed events' commits, before this returns.
  * Unless force, a claim that comes right after one that took everything
  * it could, with no change since, claims nothing (obx_claim_pointless).
+ * With none of the worker's batches in flight (landed: every event of
+ * them delivered, else obx_claim_forget), a claim from this worker's own
+ * complete tick reads only what that tick did not see.
  */
 bool
-obx_outbox_claim(ObxBatch *batch, int worker, bool force)
+obx_outbox_claim(ObxBatch *batch, int worker, bool force, bool landed)
 {
 	MemoryContext caller = obx_step_begin("obx: claiming events");
 	int64 lease_id;
@@ -554,6 +587,8 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 	ClaimLease lease;
 	ClaimTick from;
 	ClaimTick next;
+	bool since;
+	bool complete;
 
 	/* Its own commit need not be durable (see make_durable). */
 	(void) set_config_option("synchronous_commit", "off", PGC_SUSET,
@@ -580,11 +615,15 @@ obx_outbox_claim(ObxBatch *batch, int worker, bool force)
 		batch->full = false;
 		return false;
 	}
-	changes = claim_select(&from, &next, &wal);
+	since = landed && complete_tick != 0 && DatumGetInt64(from.tick) == complete_tick;
+	changes = claim_select(&from, since, &next, &complete, &wal);
 	take_batch(batch, lease_id, caller, &lease, &wal);
 	/* A claim that took nothing leaves a tick only when its floor moved. */
 	if (batch->nevents > 0 || DatumGetInt64(next.floor) != DatumGetInt64(from.floor))
+	{
 		insert_claim(batch, worker, &lease, batch->nevents, &next);
+		complete_tick = (complete && !batch->full) ? lease_id : 0;
+	}
 
 	/*
 	 * Published before the commit releases the claim lock, so that a claim

@@ -80,7 +80,8 @@ typedef struct ObxBatch
 } ObxBatch;
 
 /* claim.c */
-extern bool obx_outbox_claim(ObxBatch *batch, int worker, bool force);
+extern bool obx_outbox_claim(ObxBatch *batch, int worker, bool force, bool landed);
+extern void obx_claim_forget(void);
 extern void obx_claim_lock(void);
 
 /* outbox.c */

@@ -224,7 +224,7 @@ launch_flight(void)
 								   ALLOCSET_DEFAULT_SIZES);
 	old = MemoryContextSwitchTo(f->cxt);
 	f->claimed_since = now;
-	if (!obx_outbox_claim(&f->batch, relay.w.number, force))
+	if (!obx_outbox_claim(&f->batch, relay.w.number, force, relay.nflights == 0))
 	{
 		MemoryContextSwitchTo(old);
 		MemoryContextDelete(f->cxt);
@@ -296,6 +296,8 @@ land_flight(Flight *f)
 
 	recorded_since = GetCurrentTimestamp();
 	delivered = obx_outbox_record(batch);
+	if (delivered < batch->nevents)
+		obx_claim_forget();
 	if (ShutdownRequestPending)
 		obx_note_change();
 	else
