@@ -45,6 +45,53 @@
 	"publisher's last_value (docs/operations.md, Logical replication)."
 
 /*
+ * The parts both claims share.  The keys held back: those of the live
+ * leases as of the tick ($3, $5), and those of the events backing off or,
+ * when $1 (obx.quarantine_blocks_key), quarantined.  Ends inside its CTE.
+ */
+#define OBX_SQL_CLAIM_BLOCKED                                                     \
+	"WITH blocked AS MATERIALIZED ("                                              \
+	"  SELECT k.topic, k.event_key"                                               \
+	"    FROM obx._live_leases($3, $5) l,"                                        \
+	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))" \
+	"           AS k(topic, event_key)"                                           \
+	"  UNION ALL"                                                                 \
+	"  SELECT s.topic, s.event_key"                                               \
+	"    FROM obx.event_states s"                                                 \
+	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                    \
+	"     AND (s.next_attempt_at > pg_catalog.now()"                              \
+	"          OR (s.quarantined_at IS NOT NULL AND $1))"
+
+/* The columns of a claimed row, read from the union c of the parts. */
+#define OBX_SQL_CLAIM_COLUMNS                                                       \
+	"(SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"                         \
+	"        c.event_type, c.attempts,"                                             \
+	"        CASE WHEN c.headers IS NOT NULL THEN"                                  \
+	"          (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"                 \
+	"             FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers," \
+	"        c.xid, c.occurred_at, NULL::pg_catalog.int8 AS floor,"                 \
+	"        NULL::pg_catalog.pg_snapshot AS snap, c.held"                          \
+	"   FROM"
+
+/*
+ * The last part, the events of obx.event_states that are due (retries,
+ * replays) and not held back, then the batch's limit and the start of
+ * the tick row, whose floor, snapshot and completeness each claim adds.
+ */
+#define OBX_SQL_CLAIM_DUE                                                                  \
+	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"          \
+	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at, true"    \
+	"           FROM obx.event_states s"                                                   \
+	"          WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                      \
+	"            AND s.quarantined_at IS NULL"                                             \
+	"            AND s.next_attempt_at <= pg_catalog.now()"                                \
+	"            AND (s.topic, s.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
+	"          ORDER BY s.seq LIMIT $2)) c"                                                \
+	"  ORDER BY c.seq LIMIT $2)"                                                           \
+	" UNION ALL"                                                                           \
+	" SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+
+/*
  * The claim, one statement under one snapshot ($1: obx.quarantine_blocks_key,
  * $2: obx.batch_size, $3-$5: the tick it starts from, $6: a floor past
  * every seq).  Its rows are the claimable events in seq order, each with
@@ -83,30 +130,12 @@
  * each.
  */
 #define OBX_SQL_CLAIM                                                                      \
-	"WITH blocked AS MATERIALIZED ("                                                       \
-	"  SELECT k.topic, k.event_key"                                                        \
-	"    FROM obx._live_leases($3, $5) l,"                                                 \
-	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"          \
-	"           AS k(topic, event_key)"                                                    \
-	"  UNION ALL"                                                                          \
-	"  SELECT s.topic, s.event_key"                                                        \
-	"    FROM obx.event_states s"                                                          \
-	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                             \
-	"     AND (s.next_attempt_at > pg_catalog.now()"                                       \
-	"          OR (s.quarantined_at IS NOT NULL AND $1))"                                  \
+	OBX_SQL_CLAIM_BLOCKED                                                                  \
 	"), late AS MATERIALIZED ("                                                            \
 	"  SELECT u.* FROM obx._unpublished_late($3, $4, $5) u"                                \
 	"), head AS MATERIALIZED ("                                                            \
 	"  SELECT u.seq FROM obx._unpublished_from($3, $5) u ORDER BY u.seq LIMIT 1"           \
-	")"                                                                                    \
-	"(SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"                                \
-	"        c.event_type, c.attempts,"                                                    \
-	"        CASE WHEN c.headers IS NOT NULL THEN"                                         \
-	"          (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"                        \
-	"             FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"        \
-	"        c.xid, c.occurred_at, NULL::pg_catalog.int8 AS floor,"                        \
-	"        NULL::pg_catalog.pg_snapshot AS snap, c.held"                                 \
-	"   FROM"                                                                              \
+	")" OBX_SQL_CLAIM_COLUMNS                                                              \
 	"       ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"          \
 	"                0 AS attempts, u.headers,"                                            \
 	"                CASE WHEN u.era = obx._era() THEN u.xid END AS xid, u.occurred_at,"   \
@@ -124,18 +153,7 @@
 	"           FROM late l"                                                               \
 	"          WHERE (l.topic, l.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
 	"          ORDER BY l.seq)"                                                            \
-	"        UNION ALL"                                                                    \
-	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"          \
-	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at, true"    \
-	"           FROM obx.event_states s"                                                   \
-	"          WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                      \
-	"            AND s.quarantined_at IS NULL"                                             \
-	"            AND s.next_attempt_at <= pg_catalog.now()"                                \
-	"            AND (s.topic, s.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
-	"          ORDER BY s.seq LIMIT $2)) c"                                                \
-	"  ORDER BY c.seq LIMIT $2)"                                                           \
-	" UNION ALL"                                                                           \
-	" SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"                  \
+	"        UNION ALL" OBX_SQL_CLAIM_DUE                                                  \
 	"        coalesce(least((SELECT head.seq FROM head),"                                  \
 	"                       (SELECT pg_catalog.min(l.seq) FROM late l)),"                  \
 	"                 $6),"                                                                \
@@ -159,17 +177,7 @@
  * as OBX_SQL_CLAIM.
  */
 #define OBX_SQL_CLAIM_SINCE                                                                \
-	"WITH blocked AS MATERIALIZED ("                                                       \
-	"  SELECT k.topic, k.event_key"                                                        \
-	"    FROM obx._live_leases($3, $5) l,"                                                 \
-	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))"          \
-	"           AS k(topic, event_key)"                                                    \
-	"  UNION ALL"                                                                          \
-	"  SELECT s.topic, s.event_key"                                                        \
-	"    FROM obx.event_states s"                                                          \
-	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                             \
-	"     AND (s.next_attempt_at > pg_catalog.now()"                                       \
-	"          OR (s.quarantined_at IS NOT NULL AND $1))"                                  \
+	OBX_SQL_CLAIM_BLOCKED                                                                  \
 	"), unseen AS MATERIALIZED ("                                                          \
 	"  SELECT e.* FROM obx.events e"                                                       \
 	"   WHERE ((e.xid >= pg_catalog.pg_snapshot_xmax($4)::text::bigint"                    \
@@ -178,32 +186,13 @@
 	"          OR e.xid = ANY (ARRAY(SELECT x::text::bigint"                               \
 	"                                  FROM pg_catalog.pg_snapshot_xip($4) x)))"           \
 	"     AND e.era = obx._era()"                                                          \
-	")"                                                                                    \
-	"(SELECT c.seq, c.id, c.topic, c.event_key, c.payload,"                                \
-	"        c.event_type, c.attempts,"                                                    \
-	"        CASE WHEN c.headers IS NOT NULL THEN"                                         \
-	"          (SELECT pg_catalog.array_agg(ARRAY[h.key, h.value])"                        \
-	"             FROM pg_catalog.jsonb_each_text(c.headers) AS h) END AS headers,"        \
-	"        c.xid, c.occurred_at, NULL::pg_catalog.int8 AS floor,"                        \
-	"        NULL::pg_catalog.pg_snapshot AS snap, c.held"                                 \
-	"   FROM"                                                                              \
+	")" OBX_SQL_CLAIM_COLUMNS                                                              \
 	"       ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"          \
 	"                0 AS attempts, u.headers, u.xid, u.occurred_at, false AS held"        \
 	"           FROM unseen u"                                                             \
 	"          WHERE (u.topic, u.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
 	"          ORDER BY u.seq)"                                                            \
-	"        UNION ALL"                                                                    \
-	"        (SELECT s.seq, s.id, s.topic, s.event_key, s.payload, s.event_type,"          \
-	"                s.attempts, s.headers, NULL::pg_catalog.int8, s.occurred_at, true"    \
-	"           FROM obx.event_states s"                                                   \
-	"          WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                      \
-	"            AND s.quarantined_at IS NULL"                                             \
-	"            AND s.next_attempt_at <= pg_catalog.now()"                                \
-	"            AND (s.topic, s.event_key) NOT IN (SELECT topic, event_key FROM blocked)" \
-	"          ORDER BY s.seq LIMIT $2)) c"                                                \
-	"  ORDER BY c.seq LIMIT $2)"                                                           \
-	" UNION ALL"                                                                           \
-	" SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"                  \
+	"        UNION ALL" OBX_SQL_CLAIM_DUE                                                  \
 	"        coalesce((SELECT pg_catalog.min(u.seq) FROM unseen u), $6),"                  \
 	"        pg_catalog.pg_current_snapshot(),"                                            \
 	"        NOT EXISTS (SELECT 1 FROM unseen u"                                           \
