@@ -20,6 +20,9 @@
 #    is in flight and B2 (another key) is claimed beside it, which must
 #    not count as a claim since A2's tick: both are released, and A2 must
 #    be published too.
+# 4. A transaction of more than a batch (obx.batch_size is 5 here): the
+#    claim since reads one batch and one more of its events, and takes a
+#    full batch, which is not complete; all 12 are published, in order.
 #
 # The poison is the producer's own size limit, as in t/022.
 use strict;
@@ -36,6 +39,7 @@ my $topic = 'orders.since.v1';
 my $mock = start_mock();
 my $node = obx_node('claim_since', $mock,
 	'obx.workers' => 1,
+	'obx.batch_size' => 5,
 	'obx.kafka_properties' => "'message.max.bytes=20000'",
 	'obx.max_payload_size' => "'1MB'",
 	'obx.max_attempts' => 1);
@@ -129,10 +133,19 @@ ok(!released($a2), 'A2 is still in flight');
 give_flights_up();
 wait_until(sub { released($a2) && released($b2) }, 'A2 and B2 are released unsent');
 mock_cmd($mock, "rtt $_ 0") for 1 .. 3;
+ok(all_published($node), 'A2 and B2 are published');
+
+# 4. More than a batch in one transaction.
+my @burst = split /\n/, $node->safe_psql('postgres', qq{
+	SELECT obx.enqueue('$topic', 'k8', jsonb_build_object('n', i))
+	  FROM generate_series(1, 12) i ORDER BY i});
+is(scalar @burst, 12, 'one transaction enqueued 12 events of key k8');
 
 ok(all_published($node), 'nothing is left unpublished');
 my $at_broker = event_ids_at_broker(read_topic($mock, $topic));
 ok($at_broker->{$_}, "event $_ reached the broker") for ($first, $b, $c, $d, $l, $a, $a2, $b2);
+is_deeply(first_occurrences(read_topic($mock, $topic))->{k8}, \@burst,
+	'the broker holds the 12 events of key k8 in enqueue order');
 ok(!$at_broker->{$p}, 'the skipped poison event never reached the broker');
 
 $node->stop;

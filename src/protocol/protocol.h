@@ -171,10 +171,15 @@
  * claim came since (the tick is the latest), so none of them is in a
  * batch, recorded or in obx.event_states (whose rows are all of claimed
  * events: failed, or quarantined and then skipped, retried or replayed).
- * Keys are held back as in OBX_SQL_CLAIM.  The new floor is the first of them, taken
- * or not.  In the tick row, OBX_CLAIM_COMPLETE_COL says whether none was
- * held back.  Used by the in-database relay (claim.c); the same arguments
- * as OBX_SQL_CLAIM.
+ * Keys are held back as in OBX_SQL_CLAIM.  Only the first batch of them
+ * and one more are read (a large transaction committed after the tick
+ * would otherwise be copied and sorted whole, payloads and all), in seq
+ * order but not on the seq index (seq + 0), which would walk every event
+ * retained before reaching them.  The new floor is the first of them,
+ * taken or not.  In the tick row, OBX_CLAIM_COMPLETE_COL says whether none
+ * was held back; one more than a batch makes the batch full, so the claim
+ * is not complete either.  Used by the in-database relay (claim.c); the
+ * same arguments as OBX_SQL_CLAIM.
  */
 #define OBX_SQL_CLAIM_SINCE                                                                \
 	OBX_SQL_CLAIM_BLOCKED                                                                  \
@@ -186,6 +191,7 @@
 	"          OR e.xid = ANY (ARRAY(SELECT x::text::bigint"                               \
 	"                                  FROM pg_catalog.pg_snapshot_xip($4) x)))"           \
 	"     AND e.era = obx._era()"                                                          \
+	"   ORDER BY e.seq + 0 LIMIT $2 + 1"                                                   \
 	")" OBX_SQL_CLAIM_COLUMNS                                                              \
 	"       ((SELECT u.seq, u.id, u.topic, u.event_key, u.payload, u.event_type,"          \
 	"                0 AS attempts, u.headers, u.xid, u.occurred_at, false AS held"        \
