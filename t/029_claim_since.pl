@@ -1,7 +1,7 @@
 # The claim since a complete tick (docs/internals.md, "The claim since a
 # complete tick"): a worker whose latest claim held nothing back, with its
 # batches all delivered, reads only the events of the transactions that
-# claim's snapshot did not see committed.  Two ways that could lose an
+# claim's snapshot did not see committed.  Four ways that could lose an
 # event, each tried with one worker:
 #
 # 1. A claim that held an event back is not complete.  P is quarantined,
