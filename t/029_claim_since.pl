@@ -1,7 +1,7 @@
 # The claim since a complete tick (docs/internals.md, "The claim since a
 # complete tick"): a worker whose latest claim held nothing back, with its
 # batches all delivered, reads only the events of the transactions that
-# claim's snapshot did not see committed.  Four ways that could lose an
+# claim's snapshot did not see committed.  Five ways that could lose an
 # event, each tried with one worker:
 #
 # 1. A claim that held an event back is not complete.  P is quarantined,
@@ -23,6 +23,10 @@
 # 4. A transaction of more than a batch (obx.batch_size is 5 here): the
 #    claim since reads one batch and one more of its events, and takes a
 #    full batch, which is not complete; all 12 are published, in order.
+# 5. A claim that found a lease live is not complete either, for the claim
+#    since reads no lease.  Another claimant's lease on E1 is live while
+#    E2 (its key) and F commit; the claim takes F and holds E2 back.  Once
+#    the lease runs out, E1 and E2 must be published, in that order.
 #
 # The poison is the producer's own size limit, as in t/022.
 use strict;
@@ -141,11 +145,38 @@ my @burst = split /\n/, $node->safe_psql('postgres', qq{
 	  FROM generate_series(1, 12) i ORDER BY i});
 is(scalar @burst, 12, 'one transaction enqueued 12 events of key k8');
 
+# 5. A live lease of another claimant.  Under the claim lock, a lease on
+# E1 is written by hand from the latest tick, as a stalled obx-relay or
+# worker would have left it; E2 (the same key) and F commit beside it.
+my $holder = $node->background_psql('postgres');
+$holder->query_safe('BEGIN; SELECT pg_advisory_xact_lock(7299704, 1)');
+my $e1 = enqueue('k9', 9);
+my ($e2, $f) = split /\n/, $node->safe_psql('postgres', qq{
+	BEGIN;
+	SELECT obx.enqueue('$topic', 'k9', '{"n": 10}');
+	SELECT obx.enqueue('$topic', 'k10', '{"n": 11}');
+	COMMIT;});
+my $lease = $holder->query_safe(qq{
+	INSERT INTO obx.claims (lease_id, owner, until, snap, floor, max_seq, ids, topics, keys)
+	SELECT nextval('obx.lease_seq'), 99, now() + interval '1 hour', t.snap, t.floor,
+		   e.seq, ARRAY[e.id], ARRAY[e.topic], ARRAY[e.event_key]
+	  FROM obx._tick() t, obx.events e WHERE e.id = '$e1'
+	RETURNING lease_id});
+$holder->query_safe('COMMIT');
+$holder->quit;
+wait_until(sub { published($f) }, 'F, of a free key, is published');
+ok(!published($e1) && !published($e2), 'E1 and E2 wait while the lease on E1 is live');
+$node->safe_psql('postgres', qq{
+	UPDATE obx.claims SET until = now() - interval '1 second' WHERE lease_id = $lease});
+wait_until(sub { published($e1) && published($e2) }, 'E1 and E2 are published once the lease runs out');
+
 ok(all_published($node), 'nothing is left unpublished');
 my $at_broker = event_ids_at_broker(read_topic($mock, $topic));
-ok($at_broker->{$_}, "event $_ reached the broker") for ($first, $b, $c, $d, $l, $a, $a2, $b2);
+ok($at_broker->{$_}, "event $_ reached the broker") for ($first, $b, $c, $d, $l, $a, $a2, $b2, $f);
 is_deeply(first_occurrences(read_topic($mock, $topic))->{k8}, \@burst,
 	'the broker holds the 12 events of key k8 in enqueue order');
+is_deeply(first_occurrences(read_topic($mock, $topic))->{k9}, [ $e1, $e2 ],
+	'the broker holds E1 before E2');
 ok(!$at_broker->{$p}, 'the skipped poison event never reached the broker');
 
 $node->stop;

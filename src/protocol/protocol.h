@@ -45,9 +45,20 @@
 	"publisher's last_value (docs/operations.md, Logical replication)."
 
 /*
- * The parts both claims share.  The keys held back: those of the live
- * leases as of the tick ($3, $5), and those of the events backing off or,
- * when $1 (obx.quarantine_blocks_key), quarantined.  Ends inside its CTE.
+ * The keys obx.event_states holds back, for both claims: those of the
+ * events backing off or, when $1 (obx.quarantine_blocks_key), quarantined.
+ * Ends inside the CTE blocked.
+ */
+#define OBX_SQL_CLAIM_STATES_BLOCK                             \
+	"  SELECT s.topic, s.event_key"                            \
+	"    FROM obx.event_states s"                              \
+	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL" \
+	"     AND (s.next_attempt_at > pg_catalog.now()"           \
+	"          OR (s.quarantined_at IS NOT NULL AND $1))"
+
+/*
+ * The keys the full claim holds back: those of the live leases as of the
+ * tick ($3, $5), then obx.event_states's.
  */
 #define OBX_SQL_CLAIM_BLOCKED                                                     \
 	"WITH blocked AS MATERIALIZED ("                                              \
@@ -55,12 +66,7 @@
 	"    FROM obx._live_leases($3, $5) l,"                                        \
 	"         ROWS FROM (pg_catalog.unnest(l.topics), pg_catalog.unnest(l.keys))" \
 	"           AS k(topic, event_key)"                                           \
-	"  UNION ALL"                                                                 \
-	"  SELECT s.topic, s.event_key"                                               \
-	"    FROM obx.event_states s"                                                 \
-	"   WHERE s.published_at IS NULL AND s.skipped_at IS NULL"                    \
-	"     AND (s.next_attempt_at > pg_catalog.now()"                              \
-	"          OR (s.quarantined_at IS NOT NULL AND $1))"
+	"  UNION ALL" OBX_SQL_CLAIM_STATES_BLOCK
 
 /* The columns of a claimed row, read from the union c of the parts. */
 #define OBX_SQL_CLAIM_COLUMNS                                                       \
@@ -171,18 +177,20 @@
  * claim came since (the tick is the latest), so none of them is in a
  * batch, recorded or in obx.event_states (whose rows are all of claimed
  * events: failed, or quarantined and then skipped, retried or replayed).
- * Keys are held back as in OBX_SQL_CLAIM.  Only the first batch of them
- * and one more are read (a large transaction committed after the tick
- * would otherwise be copied and sorted whole, payloads and all), in seq
- * order but not on the seq index (seq + 0), which would walk every event
- * retained before reaching them.  The new floor is the first of them,
- * taken or not.  In the tick row, OBX_CLAIM_COMPLETE_COL says whether none
- * was held back; one more than a batch makes the batch full, so the claim
- * is not complete either.  Used by the in-database relay (claim.c); the
- * same arguments as OBX_SQL_CLAIM.
+ * Keys are held back as in OBX_SQL_CLAIM, but none for a lease: none is
+ * live (docs/internals.md says why), and reading them started the scans
+ * of nine partitions on every claim (docs/benchmarks.md).  Only the first
+ * batch of the unseen and one more are read (a large transaction committed after the tick would otherwise
+ * be copied and sorted whole, payloads and all), in seq order but not on
+ * the seq index (seq + 0), which would walk every event retained before
+ * reaching them.  The new floor is the first of them, taken or not.  In
+ * the tick row, OBX_CLAIM_COMPLETE_COL says whether none was held back;
+ * one more than a batch makes the batch full, so the claim is not
+ * complete either.  Used by the in-database relay (claim.c); the same
+ * arguments as OBX_SQL_CLAIM, $3 and $5 unread.
  */
 #define OBX_SQL_CLAIM_SINCE                                                                \
-	OBX_SQL_CLAIM_BLOCKED                                                                  \
+	"WITH blocked AS MATERIALIZED (" OBX_SQL_CLAIM_STATES_BLOCK                            \
 	"), unseen AS MATERIALIZED ("                                                          \
 	"  SELECT e.* FROM obx.events e"                                                       \
 	"   WHERE ((e.xid >= pg_catalog.pg_snapshot_xmax($4)::text::bigint"                    \
