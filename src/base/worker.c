@@ -69,7 +69,8 @@ detach_consumer(int code, Datum arg)
  * message's offset only after its transaction commits, and a crash must not
  * lose an effect whose offset Kafka already has.  jit: every statement of
  * a step is short, and a plan costed high (the claim's, see claim.c) must
- * not be compiled on every run.
+ * not be compiled on every run.  max_parallel_workers_per_gather: nor
+ * start parallel workers on every run (docs/configuration.md).
  */
 static void
 pin_settings(void)

@@ -369,6 +369,7 @@
 			{"standard_conforming_strings", "on"},               \
 			{"synchronous_commit", "on"},                        \
 			{"jit", "off"},                                      \
+			{"max_parallel_workers_per_gather", "0"},            \
 	}
 
 /*
