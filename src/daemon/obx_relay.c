@@ -98,6 +98,7 @@ typedef struct Batch
 	int in_flight;
 	bool full;
 	bool held;      /* an event of it came from obx.event_states (OBX_SQL_LEASE) */
+	bool lost;      /* its lease ran out (renew) */
 	PGresult *rows; /* the claim's rows, which the events point into */
 } Batch;
 
@@ -122,6 +123,7 @@ typedef struct Database
 	long long replica_check_at; /* obx._replica_problem's next reading; 0: at once */
 	char *replica_problem;      /* its latest answer, or NULL */
 	bool lease_seq_behind;      /* said (protocol.h's OBX_LEASE_SEQ_BEHIND) */
+	long long complete_tick;    /* the latest claim's lease id if complete, else 0 */
 } Database;
 
 static const char *config_file = NULL;
@@ -592,6 +594,7 @@ typedef struct Statement
 static const Statement statements[] = {
 	{"obx_tick", OBX_SQL_TICK, 0, {0}},
 	{"obx_claim", OBX_SQL_CLAIM, 6, {BOOLOID, INT4OID, INT8OID, PGSNAPSHOTOID, INT8OID, INT8OID}},
+	{"obx_claim_since", OBX_SQL_CLAIM_SINCE, 6, {BOOLOID, INT4OID, INT8OID, PGSNAPSHOTOID, INT8OID, INT8OID}},
 	{"obx_lease", OBX_SQL_LEASE, 10, {INT8OID, INT4OID, FLOAT8OID, PGSNAPSHOTOID, INT8OID, INT8OID, UUIDARRAYOID, TEXTARRAYOID, TEXTARRAYOID, BOOLOID}},
 	{"obx_record", OBX_SQL_RECORD, 7, {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TSTZARRAYOID, INT8OID, INT8OID, INT8OID}},
 	{"obx_held_published", OBX_SQL_HELD_PUBLISHED, 2, {UUIDARRAYOID, TSTZARRAYOID}},
@@ -672,6 +675,7 @@ disconnect(Database *db, const char *why)
 	db->retry_at = time(NULL) + 1;
 	free(db->idle_snap);
 	db->idle_snap = NULL;
+	db->complete_tick = 0;
 }
 
 /*
@@ -948,9 +952,13 @@ lease_seq_ok(Database *db, const char *lease_id, const char *tick)
  * Inside the claim lock (held by the session around the transaction, so
  * that the transaction's snapshot, taken by its first statement, sees
  * every claim before it), in one REPEATABLE READ transaction: the tick
- * and the lease id, the claim with the new tick, the claim's row.  Its commit is synchronous: it flushes the WAL past every
- * commit it saw, and waits for the synchronous standbys, before anything
- * of it is produced.
+ * and the lease id, the claim with the new tick, the claim's row.  Its
+ * commit is synchronous: it flushes the WAL past every commit it saw, and
+ * waits for the synchronous standbys, before anything of it is produced.
+ * With no batch of the database's out (each recorded with every event
+ * delivered, else record forgets), a claim from the daemon's own complete
+ * tick reads only what that tick did not see (OBX_SQL_CLAIM_SINCE), as
+ * the in-database relay's does.
  */
 static int
 claim(Database *db, Batch *batch)
@@ -970,6 +978,9 @@ claim(Database *db, Batch *batch)
 	Buf ids = {0};
 	Buf topics = {0};
 	Buf keys = {0};
+	bool since;
+	bool complete;
+	bool wrote;
 	bool ok = false;
 
 	memset(batch, 0, sizeof(*batch));
@@ -987,12 +998,13 @@ claim(Database *db, Batch *batch)
 	PQclear(res);
 	if (!lease_seq_ok(db, lease_id, tick))
 		goto done;
+	since = db->nflights == 0 && db->complete_tick != 0 && atoll(tick) == db->complete_tick;
 	snprintf(batch_size, sizeof(batch_size), "%d", obx_config.batch_size);
 	{
 		const char *params[6] = {obx_config.quarantine_blocks_key ? "t" : "f", batch_size, floor,
 								 snap, tick, FLOOR_NONE};
 
-		if ((rows = run(db, "obx_claim", params, 1)) == NULL)
+		if ((rows = run(db, since ? "obx_claim_since" : "obx_claim", params, 1)) == NULL)
 			goto done;
 	}
 	batch->lease_id = atoll(lease_id);
@@ -1003,7 +1015,10 @@ claim(Database *db, Batch *batch)
 	lease_arrays(batch, &ids, &topics, &keys);
 	/* A claim that took nothing leaves a tick only when its floor moved. */
 	next_floor = be64(PQgetvalue(batch->rows, tick_row, OBX_CLAIM_FLOOR_COL - 1));
-	if (batch->nevents > 0 || next_floor != atoll(floor))
+	complete = !PQgetisnull(batch->rows, tick_row, OBX_CLAIM_COMPLETE_COL - 1) &&
+			   PQgetvalue(batch->rows, tick_row, OBX_CLAIM_COMPLETE_COL - 1)[0] == 1;
+	wrote = batch->nevents > 0 || next_floor != atoll(floor);
+	if (wrote)
 	{
 		/* The new tick goes back as the claim gave it, in binary. */
 		const char *params[10];
@@ -1030,11 +1045,16 @@ claim(Database *db, Batch *batch)
 		PQclear(res);
 	}
 	ok = exec(db, "COMMIT");
+	if (ok && wrote)
+		db->complete_tick = complete && !batch->full ? atoll(lease_id) : 0;
 done:
 	if (!ok && PQstatus(db->conn) == CONNECTION_OK)
 		(void) exec(db, "ROLLBACK");
 	if (PQstatus(db->conn) == CONNECTION_OK)
 		ok &= claim_lock_session(db, false);
+	/* A batch dropped here is not sent: its lease runs out. */
+	if (!ok)
+		db->complete_tick = 0;
 	PQclear(rows);
 	free(snap);
 	free(ids.data);
@@ -1251,12 +1271,22 @@ record(Database *db, Batch *batch)
 		 exec(db, "COMMIT");
 	if (!ok && PQstatus(db->conn) == CONNECTION_OK)
 		(void) exec(db, "ROLLBACK");
+	/* The next claim reads from the floor (claim). */
+	if (!ok || ndone < batch->nevents)
+		db->complete_tick = 0;
 	free(done);
 	free(failed);
 	return ok;
 }
 
-/* Extend the batch's lease while its deliveries take long. */
+/*
+ * Extend the batch's lease while its deliveries take long, if it is still
+ * live: checked under the claim lock against the clock, as the in-database
+ * relay does, so that a lease a claim saw run out is never live again
+ * (docs/internals.md, the claim since a complete tick).  A lease lost so
+ * (the daemon was stalled past lease_timeout) is said once; what is still
+ * in the producer may reach the broker as copies, and is recorded.
+ */
 static void
 renew(Database *db, Batch *batch)
 {
@@ -1264,11 +1294,28 @@ renew(Database *db, Batch *batch)
 	char secs[16];
 	const char *params[2] = {lease_id, secs};
 	PGresult *res;
+	bool live = false;
 
 	snprintf(lease_id, sizeof(lease_id), "%lld", batch->lease_id);
 	snprintf(secs, sizeof(secs), "%d", obx_config.lease_timeout_s);
-	if ((res = run(db, "obx_renew", params, 0)) != NULL)
+	if (!exec(db, "BEGIN"))
+		return;
+	if ((res = run(db, "obx_claim_lock", claim_lock_key(), 0)) != NULL)
+	{
 		PQclear(res);
+		if ((res = run(db, "obx_live", params, 0)) != NULL)
+		{
+			live = PQntuples(res) == 1;
+			PQclear(res);
+		}
+	}
+	if (live && (res = run(db, "obx_renew", params, 0)) != NULL)
+		PQclear(res);
+	if (!exec(db, live ? "COMMIT" : "ROLLBACK") || live || batch->lost)
+		return;
+	batch->lost = true;
+	obx_say("WARNING", "lost the lease on %d events in database \"%s\": the daemon was stalled past lease_timeout, and a claim may have taken them over",
+			batch->nevents, PQdb(db->conn));
 }
 
 /*
@@ -1377,7 +1424,9 @@ land(Database *db)
 			}
 			continue;
 		}
-		if (connect_db(db) && !record(db, batch) && PQstatus(db->conn) != CONNECTION_OK)
+		if (!connect_db(db))
+			db->complete_tick = 0; /* not recorded: its lease runs out */
+		else if (!record(db, batch) && PQstatus(db->conn) != CONNECTION_OK)
 			disconnect(db, "the connection broke; the batch's lease runs out and it is sent again");
 		batch_free(batch);
 		db->nflights--;
