@@ -147,7 +147,8 @@ is(scalar @burst, 12, 'one transaction enqueued 12 events of key k8');
 
 # 5. A live lease of another claimant.  Under the claim lock, a lease on
 # E1 is written by hand from the latest tick, as a stalled obx-relay or
-# worker would have left it; E2 (the same key) and F commit beside it.
+# worker would have left it (its floor no higher than E1, as a claim's);
+# E2 (the same key) and F commit beside it.
 my $holder = $node->background_psql('postgres');
 $holder->query_safe('BEGIN; SELECT pg_advisory_xact_lock(7299704, 1)');
 my $e1 = enqueue('k9', 9);
@@ -158,8 +159,8 @@ my ($e2, $f) = split /\n/, $node->safe_psql('postgres', qq{
 	COMMIT;});
 my $lease = $holder->query_safe(qq{
 	INSERT INTO obx.claims (lease_id, owner, until, snap, floor, max_seq, ids, topics, keys)
-	SELECT nextval('obx.lease_seq'), 99, now() + interval '1 hour', t.snap, t.floor,
-		   e.seq, ARRAY[e.id], ARRAY[e.topic], ARRAY[e.event_key]
+	SELECT nextval('obx.lease_seq'), 99, now() + interval '1 hour', t.snap,
+		   least(t.floor, e.seq), e.seq, ARRAY[e.id], ARRAY[e.topic], ARRAY[e.event_key]
 	  FROM obx._tick() t, obx.events e WHERE e.id = '$e1'
 	RETURNING lease_id});
 $holder->query_safe('COMMIT');
