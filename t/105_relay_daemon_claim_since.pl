@@ -8,12 +8,16 @@
 #    held back by its quarantined key, a late committer, more than a
 #    batch (batch_size is 5) in one transaction, another claimant's live
 #    lease on an event of a key.
-# 5. A stall past the lease: the daemon is stopped (SIGSTOP) with G in
-#    flight, every broker answering later than delivery_timeout, until
-#    its lease has run out.  Resumed, it must not renew that lease (a
-#    claim may have taken G over, and a lease a claim saw run out must
-#    never be live again).  G then times out, a failure the daemon cannot
-#    record under a lease it lost: G must be claimed again and published.
+# 5. A stall past the lease, with a second daemon whose claim_gap (10 s)
+#    keeps it from claiming while G is out.  H is claimed and published,
+#    a complete claim; G is claimed since it, and the daemon is stopped
+#    (SIGSTOP) with G in flight, every broker answering later than
+#    delivery_timeout, until G's lease has run out.  Resumed, it must not
+#    renew that lease (a claim may have taken G over, and a lease a claim
+#    saw run out must never be live again).  G then times out, a failure
+#    the daemon cannot record under a lease it lost, so its next claim,
+#    the first since G's, must read from the floor, and G must be
+#    published.
 use strict;
 use warnings;
 
@@ -29,12 +33,13 @@ my $topic = 'orders.daemon_since.v1';
 my $mock = start_mock();
 my $dir = PostgreSQL::Test::Utils::tempdir('relay');
 my $node = sql_only_node('daemon_since');
-my $relay = start_relay(relay_config($node, $mock, $dir,
+my %settings = (
 	batch_size => 5,
 	max_attempts => 1,
 	lease_timeout => 1,
 	delivery_timeout => 6000,
-	'kafka.message.max.bytes' => 20000));
+	'kafka.message.max.bytes' => 20000);
+my $relay = start_relay(relay_config($node, $mock, $dir, %settings));
 
 my $stopped;
 sub resume
@@ -57,8 +62,12 @@ wait_until(sub { published($burst[-1]) }, 'the last of the 12 events of k8 is pu
 my ($e1, $e2, $f) = since_foreign_lease($node, $topic);
 
 # 5. A stall past the lease.
+is(stop_relay($relay), 0, 'obx-relay stops cleanly');
+$relay = start_relay(relay_config($node, $mock, $dir, %settings, claim_gap => 10000));
+my $h = enqueue('k12', 12);
+wait_until(sub { published($h) }, 'H is published by the second daemon');
 mock_cmd($mock, "rtt $_ 8000") for 1 .. 3;
-my $g = enqueue('k11', 12);
+my $g = enqueue('k11', 13);
 $node->poll_query_until('postgres',
 	qq{SELECT count(*) = 1 FROM obx.leases WHERE '$g' = ANY (ids)})
   or die 'G was not claimed';
@@ -83,9 +92,9 @@ is($node->safe_psql('postgres', qq{
 like(relay_log($relay), qr/lost the lease on 1 events/, 'the daemon says it lost the lease');
 
 since_final_checks($node, $mock, $topic,
-	ids => [ $first, $b, $c, $d, $l, $f, $g ],
+	ids => [ $first, $b, $c, $d, $l, $f, $h, $g ],
 	burst => \@burst, k9 => [ $e1, $e2 ], poison => $p);
 
-is(stop_relay($relay), 0, 'obx-relay stops cleanly');
+is(stop_relay($relay), 0, 'the second obx-relay stops cleanly');
 $node->stop;
 done_testing();

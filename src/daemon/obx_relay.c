@@ -1294,6 +1294,7 @@ renew(Database *db, Batch *batch)
 	char secs[16];
 	const char *params[2] = {lease_id, secs};
 	PGresult *res;
+	bool checked = false;
 	bool live = false;
 
 	snprintf(lease_id, sizeof(lease_id), "%lld", batch->lease_id);
@@ -1305,13 +1306,14 @@ renew(Database *db, Batch *batch)
 		PQclear(res);
 		if ((res = run(db, "obx_live", params, 0)) != NULL)
 		{
+			checked = true;
 			live = PQntuples(res) == 1;
 			PQclear(res);
 		}
 	}
 	if (live && (res = run(db, "obx_renew", params, 0)) != NULL)
 		PQclear(res);
-	if (!exec(db, live ? "COMMIT" : "ROLLBACK") || live || batch->lost)
+	if (!exec(db, live ? "COMMIT" : "ROLLBACK") || !checked || live || batch->lost)
 		return;
 	batch->lost = true;
 	obx_say("WARNING", "lost the lease on %d events in database \"%s\": the daemon was stalled past lease_timeout, and a claim may have taken them over",

@@ -178,16 +178,16 @@
  * batch, recorded or in obx.event_states (whose rows are all of claimed
  * events: failed, or quarantined and then skipped, retried or replayed).
  * Keys are held back as in OBX_SQL_CLAIM, but none for a lease: none is
- * live (docs/internals.md says why), and reading them started the scans
- * of nine partitions on every claim (docs/benchmarks.md).  Only the first
- * batch of the unseen and one more are read (a large transaction committed after the tick would otherwise
- * be copied and sorted whole, payloads and all), in seq order but not on
- * the seq index (seq + 0), which would walk every event retained before
- * reaching them.  The new floor is the first of them, taken or not.  In
- * the tick row, OBX_CLAIM_COMPLETE_COL says whether none was held back;
- * one more than a batch makes the batch full, so the claim is not
- * complete either.  Used by both relays (claim.c, obx_relay.c); the
- * same arguments as OBX_SQL_CLAIM, $3 and $5 unread.
+ * live (docs/internals.md says why), and reading them started the scans of
+ * nine partitions on every claim (docs/benchmarks.md).  Only the first
+ * batch of the unseen and one more are read (a large transaction committed
+ * after the tick would otherwise be copied and sorted whole, payloads and
+ * all), in seq order but not on the seq index (seq + 0), which would walk
+ * every event retained before reaching them.  The new floor is the first
+ * of them, taken or not.  In the tick row, OBX_CLAIM_COMPLETE_COL says
+ * whether none was held back; one more than a batch makes the batch full,
+ * so the claim is not complete either.  Used by both relays (claim.c,
+ * obx_relay.c); the same arguments as OBX_SQL_CLAIM, $3 and $5 unread.
  */
 #define OBX_SQL_CLAIM_SINCE                                                                \
 	"WITH blocked AS MATERIALIZED (" OBX_SQL_CLAIM_STATES_BLOCK                            \
