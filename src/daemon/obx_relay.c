@@ -945,6 +945,55 @@ lease_seq_ok(Database *db, const char *lease_id, const char *tick)
 }
 
 /*
+ * The claim's row (protocol.h's OBX_SQL_LEASE): the new tick, as the
+ * claim gave it in binary, and the lease of the events taken, if any.
+ */
+static bool
+write_lease(Database *db, Batch *batch, const char *lease_id)
+{
+	int tick_row = PQntuples(batch->rows) - 1;
+	bool leased = batch->nevents > 0;
+	Buf ids = {0};
+	Buf topics = {0};
+	Buf keys = {0};
+	char lease_s[16];
+	char max_seq[32];
+	char relay_id[16];
+	const char *params[10];
+	int lengths[10] = {0};
+	int formats[10] = {0, 0, 0, 1, 1, 0, 1, 1, 1, 0};
+	PGresult *res;
+	bool ok;
+
+	lease_arrays(batch, &ids, &topics, &keys);
+	snprintf(lease_s, sizeof(lease_s), "%d", leased ? obx_config.lease_timeout_s : 0);
+	snprintf(max_seq, sizeof(max_seq), "%lld", batch->max_seq);
+	snprintf(relay_id, sizeof(relay_id), "%d", obx_config.relay_id);
+	params[0] = lease_id;
+	params[1] = relay_id;
+	params[2] = lease_s;
+	params[3] = PQgetvalue(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1);
+	lengths[3] = PQgetlength(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1);
+	params[4] = PQgetvalue(batch->rows, tick_row, OBX_CLAIM_FLOOR_COL - 1);
+	lengths[4] = 8;
+	params[5] = leased ? max_seq : NULL;
+	params[6] = leased ? ids.data : NULL;
+	lengths[6] = (int) ids.len;
+	params[7] = leased ? topics.data : NULL;
+	lengths[7] = (int) topics.len;
+	params[8] = leased ? keys.data : NULL;
+	lengths[8] = (int) keys.len;
+	params[9] = batch->held ? "t" : "f";
+	res = run_binary(db, "obx_lease", params, lengths, formats, 0);
+	ok = res != NULL;
+	PQclear(res);
+	free(ids.data);
+	free(topics.data);
+	free(keys.data);
+	return ok;
+}
+
+/*
  * claim
  *		Lease up to batch_size publishable events; returns how many, or -1
  *		if the database failed.
@@ -972,12 +1021,6 @@ claim(Database *db, Batch *batch)
 	char *snap = NULL;
 	char tick[32];
 	char batch_size[16];
-	char lease_s[16];
-	char max_seq[32];
-	char relay_id[16];
-	Buf ids = {0};
-	Buf topics = {0};
-	Buf keys = {0};
 	bool since;
 	bool complete;
 	bool wrote;
@@ -1012,38 +1055,13 @@ claim(Database *db, Batch *batch)
 		goto done;
 	rows = NULL;
 	tick_row = PQntuples(batch->rows) - 1;
-	lease_arrays(batch, &ids, &topics, &keys);
 	/* A claim that took nothing leaves a tick only when its floor moved. */
 	next_floor = be64(PQgetvalue(batch->rows, tick_row, OBX_CLAIM_FLOOR_COL - 1));
 	complete = !PQgetisnull(batch->rows, tick_row, OBX_CLAIM_COMPLETE_COL - 1) &&
 			   PQgetvalue(batch->rows, tick_row, OBX_CLAIM_COMPLETE_COL - 1)[0] == 1;
 	wrote = batch->nevents > 0 || next_floor != atoll(floor);
-	if (wrote)
-	{
-		/* The new tick goes back as the claim gave it, in binary. */
-		const char *params[10];
-		int lengths[10] = {0, 0, 0, PQgetlength(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1),
-						   8, 0, (int) ids.len, (int) topics.len, (int) keys.len, 0};
-		int formats[10] = {0, 0, 0, 1, 1, 0, 1, 1, 1, 0};
-
-		snprintf(lease_s, sizeof(lease_s), "%d", batch->nevents > 0 ? obx_config.lease_timeout_s : 0);
-		snprintf(max_seq, sizeof(max_seq), "%lld", batch->max_seq);
-		snprintf(relay_id, sizeof(relay_id), "%d", obx_config.relay_id);
-		params[0] = lease_id;
-		params[1] = relay_id;
-		params[2] = lease_s;
-		params[3] = PQgetvalue(batch->rows, tick_row, OBX_CLAIM_SNAP_COL - 1);
-		params[4] = PQgetvalue(batch->rows, tick_row, OBX_CLAIM_FLOOR_COL - 1);
-		params[5] = batch->nevents > 0 ? max_seq : NULL;
-		params[6] = batch->nevents > 0 ? ids.data : NULL;
-		params[7] = batch->nevents > 0 ? topics.data : NULL;
-		params[8] = batch->nevents > 0 ? keys.data : NULL;
-		params[9] = batch->held ? "t" : "f";
-		res = run_binary(db, "obx_lease", params, lengths, formats, 0);
-		if (res == NULL)
-			goto done;
-		PQclear(res);
-	}
+	if (wrote && !write_lease(db, batch, lease_id))
+		goto done;
 	ok = exec(db, "COMMIT");
 	if (ok && wrote)
 		db->complete_tick = complete && !batch->full ? atoll(lease_id) : 0;
@@ -1057,9 +1075,6 @@ done:
 		db->complete_tick = 0;
 	PQclear(rows);
 	free(snap);
-	free(ids.data);
-	free(topics.data);
-	free(keys.data);
 	if (!ok)
 	{
 		batch_free(batch);
@@ -1426,9 +1441,8 @@ land(Database *db)
 			}
 			continue;
 		}
-		if (!connect_db(db))
-			db->complete_tick = 0; /* not recorded: its lease runs out */
-		else if (!record(db, batch) && PQstatus(db->conn) != CONNECTION_OK)
+		/* Not connected (disconnect forgot the complete claim): its lease runs out. */
+		if (connect_db(db) && !record(db, batch) && PQstatus(db->conn) != CONNECTION_OK)
 			disconnect(db, "the connection broke; the batch's lease runs out and it is sent again");
 		batch_free(batch);
 		db->nflights--;
