@@ -6,6 +6,10 @@
 #   - UPDATE baseline: a copy of the pending rows is marked published by a
 #     plpgsql loop of one UPDATE ... FROM unnest(ids) per obx.batch_size
 #     rows in seq order, one commit per batch (bench.mark_published_baseline);
+#   - the insert-only bound: bench.insert_only_ceiling reads the same
+#     events in batches of obx.batch_size in seq order, payloads as text,
+#     and writes one record row per batch, one commit each: no lease, no
+#     per-key order, no check of what is published or in flight, no Kafka;
 #   - librdkafka baseline: bench/produce_baseline produces the same
 #     messages (key, payload, event_id header) to the same stand-in with
 #     obx's producer settings, and waits for every delivery report;
@@ -73,6 +77,18 @@ bench_drain()
 	}
 	sql -c "CHECKPOINT"
 
+	# Bound: the insert-only relay that checks nothing, no Kafka, from a
+	# server just started too.
+	pg_phase "obx.workers = 0"
+	sql -c "CALL bench.insert_only_ceiling($batch, $(sql_value "SELECT min(seq) FROM obx.events WHERE topic = 'bench.drain'"))"
+	local ceil_s
+	ceil_s=$(sql_value "SELECT seconds FROM bench.result WHERE name = 'insert_only_ceiling' AND events = $n")
+	[ -n "$ceil_s" ] || {
+		echo "bench: the insert-only ceiling did not read $n events" >&2
+		return 1
+	}
+	sql -c "TRUNCATE bench.ceiling_records" -c "CHECKPOINT"
+
 	# Baseline 2: librdkafka alone, no database.
 	local rk_out rk_s
 	rk_out=$("$here/produce_baseline" -b "$brokers" -t bench.drain.librdkafka -f "$work/messages.tsv")
@@ -113,22 +129,25 @@ bench_drain()
 	local check
 	check=$(sql_value "SELECT count(*) || ' events recorded with a partition and offset, ' || count(DISTINCT (x.p, x.o)) || ' distinct places' FROM obx.records r, unnest(r.ids, r.partitions, r.offsets) AS x(id, p, o) JOIN obx.events e ON e.id = x.id WHERE e.topic = 'bench.drain'")
 
-	local obx_rate upd_rate rk_rate
+	local obx_rate upd_rate rk_rate ceil_rate
 	obx_rate=$(calc "$n / $obx_s" 0)
 	upd_rate=$(calc "$n / $upd_s" 0)
 	rk_rate=$(calc "$n / $rk_s" 0)
+	ceil_rate=$(calc "$n / $ceil_s" 0)
 
 	{
 		echo "measure | seconds | events/s | obx / measure (events/s)"
 		echo "obx relay: workers start -> all published (50 ms poll) | $obx_s | $obx_rate | 1.00"
 		echo "baseline: batched UPDATE ... FROM unnest, $batch rows/commit, no Kafka | $(calc "$upd_s" 3) | $upd_rate | $(calc "$obx_rate / $upd_rate")"
 		echo "baseline: librdkafka alone (idempotent, acks=all), no database | $(calc "$rk_s" 3) | $rk_rate | $(calc "$obx_rate / $rk_rate")"
+		echo "bound: an insert-only relay that checks nothing, one record row per batch, no Kafka | $(calc "$ceil_s" 3) | $ceil_rate | $(calc "$obx_rate / $ceil_rate")"
 	} | table
 	echo "obx check: $check; relay start -> last published_at: ${relay_s}s"
 	echo "CPU per 1,000 events drained: relay workers $drain_relay_per_k ms$([ -n "$kafka_dir" ] && echo ", brokers $drain_broker_per_k ms")"
 	local ratio
 	ratio=$(calc "$obx_rate / $upd_rate")
 	echo "target: obx drain ≥ 2x the UPDATE baseline (1.0's publish path, without Kafka): $(calc "$ratio")x — $(verdict "$(awk "BEGIN { print ($ratio >= 2.0) }")")"
+	echo "what any relay could reach here, x the UPDATE baseline: $(calc "$rk_rate / $upd_rate")x with no database (librdkafka alone), $(calc "$ceil_rate / $upd_rate")x with no Kafka and no checks (the insert-only bound)"
 
 	statements_print
 	sql -c "DROP TABLE bench.update_baseline" >/dev/null

@@ -112,6 +112,55 @@ END
 $$;
 
 /*
+ * The drain benchmark's ceiling of an insert-only relay: the least any
+ * relay that reads its batches from obx.events in one session costs the
+ * database.  Each batch: batch_size events read in seq order from where
+ * the last one ended (the first from first_seq), their payloads as text (what goes to Kafka), and one
+ * row in a table of its own that records them (ids, partitions, offsets,
+ * times, as obx.records does), one commit per batch.  No lease, no per-key
+ * order, no check of what is published, failing or in flight, no Kafka:
+ * what lies between this and obx is what obx's guarantees and its producer
+ * cost.  Leaves the elapsed seconds in bench.result.
+ */
+CREATE TABLE bench.ceiling_records (
+	max_seq				bigint		NOT NULL,
+	ids					uuid[]		NOT NULL,
+	partitions			integer[]	NOT NULL,
+	offsets				bigint[]	NOT NULL,
+	published_at		timestamptz[] NOT NULL
+);
+
+CREATE PROCEDURE bench.insert_only_ceiling(batch_size int, first_seq bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	ids uuid[];
+	last_seq bigint := first_seq - 1;
+	bytes bigint;
+	total bigint := 0;
+	started timestamptz := clock_timestamp();
+BEGIN
+	TRUNCATE bench.ceiling_records;
+	COMMIT;
+	LOOP
+		SELECT array_agg(id ORDER BY seq), max(seq), sum(octet_length(payload::text))
+		  INTO ids, last_seq, bytes
+		  FROM (SELECT id, seq, payload FROM obx.events
+				 WHERE seq > last_seq ORDER BY seq LIMIT batch_size) s;
+		EXIT WHEN ids IS NULL;
+		INSERT INTO bench.ceiling_records
+		VALUES (last_seq, ids, array_fill(0, ARRAY[cardinality(ids)]),
+				ARRAY(SELECT generate_series(total, total + cardinality(ids) - 1)),
+				array_fill(now(), ARRAY[cardinality(ids)]));
+		total := total + cardinality(ids);
+		COMMIT;
+	END LOOP;
+	INSERT INTO bench.result VALUES ('insert_only_ceiling',
+		extract(epoch FROM clock_timestamp() - started), total)
+	ON CONFLICT (name) DO UPDATE SET seconds = EXCLUDED.seconds, events = EXCLUDED.events;
+END
+$$;
+
+/*
  * The consumer benchmark (bench/consumer.sh): the effect a handler writes,
  * one row per message, with when it was written.  The in-database
  * consumer's handler fills every column; the baselines (pgbench, no Kafka)
