@@ -74,6 +74,17 @@ LANGUAGE sql IMMUTABLE AS $$
 		'lines', 3, 'note', repeat('x', 14))
 $$;
 
+/* Timed runs' results: a name, seconds, events (bench.save_result). */
+CREATE TABLE bench.result (name text PRIMARY KEY, seconds float8, events bigint);
+
+/* Saves a timed run's result: the seconds since started and its events. */
+CREATE PROCEDURE bench.save_result(name text, started timestamptz, events bigint)
+LANGUAGE sql AS $$
+	INSERT INTO bench.result
+	VALUES (name, extract(epoch FROM clock_timestamp() - started), events)
+	ON CONFLICT (name) DO UPDATE SET seconds = EXCLUDED.seconds, events = EXCLUDED.events;
+$$;
+
 /*
  * The UPDATE baseline of the drain benchmark: mark every row of
  * bench.update_baseline published the way the relay marks delivered
@@ -82,8 +93,6 @@ $$;
  * batch.  No claim, no lease, no Kafka: the database's own ceiling for
  * this work.  Leaves the elapsed seconds in bench.result.
  */
-CREATE TABLE bench.result (name text PRIMARY KEY, seconds float8, events bigint);
-
 CREATE PROCEDURE bench.mark_published_baseline(batch_size int)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -105,9 +114,7 @@ BEGIN
 		total := total + cardinality(ids);
 		COMMIT;
 	END LOOP;
-	INSERT INTO bench.result VALUES ('update_baseline',
-		extract(epoch FROM clock_timestamp() - started), total)
-	ON CONFLICT (name) DO UPDATE SET seconds = EXCLUDED.seconds, events = EXCLUDED.events;
+	CALL bench.save_result('update_baseline', started, total);
 END
 $$;
 
@@ -154,9 +161,7 @@ BEGIN
 		total := total + cardinality(ids);
 		COMMIT;
 	END LOOP;
-	INSERT INTO bench.result VALUES ('insert_only_ceiling',
-		extract(epoch FROM clock_timestamp() - started), total)
-	ON CONFLICT (name) DO UPDATE SET seconds = EXCLUDED.seconds, events = EXCLUDED.events;
+	CALL bench.save_result('insert_only_ceiling', started, total);
 END
 $$;
 
