@@ -122,12 +122,13 @@ $$;
  * The drain benchmark's ceiling of an insert-only relay: the least any
  * relay that reads its batches from obx.events in one session costs the
  * database.  Each batch: batch_size events read in seq order from where
- * the last one ended (the first from first_seq), their payloads as text (what goes to Kafka), and one
- * row in a table of its own that records them (ids, partitions, offsets,
- * times, as obx.records does), one commit per batch.  No lease, no per-key
- * order, no check of what is published, failing or in flight, no Kafka:
- * what lies between this and obx is what obx's guarantees and its producer
- * cost.  Leaves the elapsed seconds in bench.result.
+ * the last one ended (the first from first_seq), their payloads as text
+ * (what goes to Kafka), and one row in a table of its own that records
+ * them (ids, partitions, offsets, times, as obx.records does), one commit
+ * per batch.  No lease, no per-key order, no check of what is published,
+ * failing or in flight, no Kafka: what lies between this and obx is what
+ * obx's guarantees and its producer cost.  Leaves the elapsed seconds in
+ * bench.result.
  */
 CREATE TABLE bench.ceiling_records (
 	max_seq				bigint		NOT NULL,
