@@ -10,7 +10,7 @@
 MODULE_big = obx
 OBJS = src/base/obx.o src/base/compat.o src/base/worker.o src/base/launcher.o src/base/status.o \
 	src/base/latency.o src/base/log_repeat.o src/base/drop_guard.o src/base/kafka_conf.o \
-	src/base/housekeeping.o src/base/call_inner.o src/api/enqueue.o src/api/enqueue_many.o \
+	src/base/housekeeping.o src/base/call_inner.o src/api/enqueue.o src/api/enqueue_many.o src/api/event_id.o \
 	src/api/consumer_sql.o src/api/trace.o src/relay/relay.o src/relay/claim.o src/relay/outbox.o \
 	src/relay/turns.o src/relay/kafka.o src/relay/cloudevents.o src/consumer/consumer.o \
 	src/consumer/consumer_group.o src/consumer/held.o src/consumer/inbox.o \

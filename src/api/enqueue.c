@@ -41,9 +41,10 @@ PG_FUNCTION_INFO_V1(obx_enqueue);
 PG_FUNCTION_INFO_V1(obx_wake);
 PG_FUNCTION_INFO_V1(obx_enqueue_tombstone);
 
-static SPIPlanPtr insert_plan = NULL;     /* for ids given */
-static SPIPlanPtr insert_new_plan = NULL; /* for generated ids */
-static SPIPlanPtr existing_plan = NULL;
+static SPIPlanPtr insert_plan = NULL;     /* for ids given, in 1.0's table */
+static SPIPlanPtr insert_new_plan = NULL; /* for new ids (event_id.c checks given ones) */
+static SPIPlanPtr existing_plan = NULL;   /* 1.0's table */
+static bool plans_1_0 = false;            /* prepared for 1.0's table */
 static bool wake_at_commit = false;
 static bool async_commit_announced = false; /* see obx_async_commit_starting */
 static bool callback_registered = false;
@@ -309,11 +310,13 @@ obx_enqueue_prepare_plans(void)
 		SPI_freeplan(existing_plan);
 	}
 	v10 = obx_enqueue_schema_is_1_0();
+	plans_1_0 = v10;
 	obx_enqueue_plans_epoch++;
 
 	/*
-	 * A given id may be in use in any generation's partition (NOT EXISTS),
-	 * or be inserted at the same time into the one it goes to (ON CONFLICT).
+	 * In 1.0's table one unique index sees every id: a given id that is
+	 * there already is not inserted (ON CONFLICT).  1.1 has no such index
+	 * (event_id.c); there this plan is the same as the next.
 	 */
 	insert_plan = obx_prepare_kept(
 		v10 ? "INSERT INTO obx.outbox_events "
@@ -321,13 +324,12 @@ obx_enqueue_prepare_plans(void)
 			  "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING"
 			: "INSERT INTO obx.events "
 			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) "
-			  "SELECT $1, $2, $3, $4, $5, $6, $7 "
-			  "WHERE NOT EXISTS (SELECT 1 FROM obx.events e WHERE e.id OPERATOR(pg_catalog.=) $1) "
-			  "ON CONFLICT DO NOTHING",
+			  "VALUES ($1, $2, $3, $4, $5, $6, $7)",
 		7, insert_types);
 	/*
 	 * A generated id is new (48 bits of time, 74 random): its insert needs
-	 * no speculative insertion, which costs a good part of a one-row insert.
+	 * no speculative insertion and no look-up, which cost a good part of a
+	 * one-row insert.  A given id is looked up first (obx_enqueue_given).
 	 */
 	insert_new_plan = obx_prepare_kept(
 		v10 ? "INSERT INTO obx.outbox_events "
@@ -358,8 +360,9 @@ same_text(HeapTuple tup, TupleDesc desc, int col, const char *expected)
 }
 
 /*
- * An event id given twice: a no-op returning the id when the event is the
- * same (a retried business action), an error when it differs.
+ * An event id given twice, in 1.0's table: a no-op returning the id when
+ * the event is the same (a retried business action), an error when it
+ * differs.  1.1 looks given ids up in event_id.c instead.
  */
 void
 obx_enqueue_check_existing(Datum id, const char *topic, const char *key, const char *aggregate_id,
@@ -518,11 +521,13 @@ read_event(FunctionCallInfo fcinfo, EnqueueEvent *ev, bool tombstone)
 }
 
 /*
- * Insert the event, in the caller's transaction; returns whether it was
- * inserted, false when its id was there already with the same content.
+ * obx_enqueue_insert
+ *		Insert the checked event, in the caller's transaction; returns
+ *		whether it was inserted, false when its id was there already with
+ *		the same content (a given id: obx_enqueue_given, event_id.c).
  */
-static bool
-insert_event(const EnqueueEvent *ev)
+bool
+obx_enqueue_insert(const EnqueueEvent *ev)
 {
 	const char *aggregate_id = ev->aggregate_id ? ev->aggregate_id : ev->key;
 	Datum values[7];
@@ -544,6 +549,12 @@ insert_event(const EnqueueEvent *ev)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "obx could not connect to SPI");
 	obx_enqueue_prepare_plans();
+	if (ev->id_given && !plans_1_0)
+	{
+		inserted = obx_enqueue_given(ev, insert_new_plan, values, nulls);
+		SPI_finish();
+		return inserted;
+	}
 	rc = SPI_execute_plan(ev->id_given ? insert_plan : insert_new_plan,
 						  values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT)
@@ -571,7 +582,7 @@ obx_enqueue(PG_FUNCTION_ARGS)
 
 	obx_warn_if_unserved();
 	read_event(fcinfo, &ev, false);
-	if (insert_event(&ev))
+	if (obx_enqueue_insert(&ev))
 		obx_enqueue_wake_at_commit();
 	PG_RETURN_UUID_P(ev.id);
 }
@@ -601,7 +612,7 @@ obx_enqueue_tombstone(PG_FUNCTION_ARGS)
 		args->args[i].isnull = i == 2 || fcinfo->args[i < 2 ? i : i - 1].isnull;
 	}
 	read_event(args, &ev, true);
-	if (insert_event(&ev))
+	if (obx_enqueue_insert(&ev))
 		obx_enqueue_wake_at_commit();
 	PG_RETURN_UUID_P(ev.id);
 }

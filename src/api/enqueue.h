@@ -1,15 +1,18 @@
 /*-------------------------------------------------------------------------
  *
  * enqueue.h
- *	  What enqueue.c shares with enqueue_many.c: an event as the caller
- *	  gives it, and the checks, the insert's plans and the wake-up that
- *	  obx.enqueue and obx.enqueue_many both use.
+ *	  What enqueue.c shares with enqueue_many.c and event_id.c: an event
+ *	  as the caller gives it, and the checks, the insert's plans, the
+ *	  insert of one event and the wake-up that obx.enqueue and
+ *	  obx.enqueue_many both use; the insert of an event whose id was given
+ *	  (event_id.c).
  *
  *-------------------------------------------------------------------------
  */
 #ifndef OBX_ENQUEUE_H
 #define OBX_ENQUEUE_H
 
+#include "executor/spi.h"
 #include "fmgr.h"
 #include "utils/jsonb.h"
 #include "utils/uuid.h"
@@ -39,5 +42,10 @@ extern void obx_enqueue_prepare_plans(void);
 extern bool obx_enqueue_schema_is_1_0(void);
 extern int obx_enqueue_plans_epoch;
 extern void obx_enqueue_wake_at_commit(void);
+extern bool obx_enqueue_insert(const EnqueueEvent *ev);
+
+/* event_id.c */
+extern bool obx_enqueue_given(const EnqueueEvent *ev, SPIPlanPtr plan, Datum *values,
+							  const char *nulls);
 
 #endif /* OBX_ENQUEUE_H */

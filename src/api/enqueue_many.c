@@ -155,9 +155,10 @@ compare_uuids(const void *a, const void *b)
 }
 
 /*
- * The elements whose id was not inserted (in use already, or given twice
- * in the arrays): each is a no-op if the stored event is the same, an
- * error otherwise (check_existing).  inserted: the ids inserted.
+ * In 1.0's table, the elements whose id was not inserted (in use already,
+ * or given twice in the arrays): each is a no-op if the stored event is
+ * the same, an error otherwise (check_existing).  inserted: the ids
+ * inserted.
  */
 static void
 check_many_conflicts(const ManyArrays *arrays, const char *topic,
@@ -193,13 +194,14 @@ check_many_conflicts(const ManyArrays *arrays, const char *topic,
 
 /*
  * check_many
- *		Check every element in array order; returns the event ids, those
- *		not given generated.  When the trace context (obx_trace_headers)
- *		changed an element's headers, *headers is the headers array to
- *		insert instead of the one given; else it is left alone.
+ *		Check every element in array order into events (topic left
+ *		unset); returns the event ids, those not given generated.  When
+ *		the trace context (obx_trace_headers) changed an element's
+ *		headers, *headers is the headers array to insert instead of the
+ *		one given; else it is left alone.
  */
 static pg_uuid_t *
-check_many(const ManyArrays *arrays, Datum *headers)
+check_many(const ManyArrays *arrays, EnqueueEvent *events, Datum *headers)
 {
 	pg_uuid_t *ids = palloc(sizeof(pg_uuid_t) * arrays->n);
 	Datum *elems = palloc(sizeof(Datum) * arrays->n);
@@ -221,7 +223,12 @@ check_many(const ManyArrays *arrays, Datum *headers)
 		if (arrays->values[5] == NULL || arrays->nulls[5][i])
 			obx_enqueue_make_id(&ids[i]);
 		else
+		{
 			memcpy(&ids[i], DatumGetUUIDP(arrays->values[5][i]), sizeof(pg_uuid_t));
+			ev.id_given = true;
+		}
+		ev.id = &ids[i];
+		events[i] = ev;
 	}
 	many_element = -1;
 	if (traced)
@@ -232,9 +239,9 @@ check_many(const ManyArrays *arrays, Datum *headers)
 
 /*
  * The events of obx.enqueue_many's arrays in array order, so that seq grows
- * in array order.  Ids given may be in use already, in any generation's
- * partition (NOT EXISTS) or in the one they go to (ON CONFLICT); the ids
- * inserted are returned.  Generated ones are new, as in enqueue.
+ * in array order.  In 1.0's table ids given may be in use already (ON
+ * CONFLICT); the ids inserted are returned.  Generated ones are new, as in
+ * enqueue.  In 1.1, arrays with ids given go one by one (insert_given).
  */
 #define INSERT_MANY_SELECT                                                  \
 	"SELECT e.id, COALESCE(e.aggregate_id, e.event_key), $1, e.event_key, " \
@@ -242,8 +249,7 @@ check_many(const ManyArrays *arrays, Datum *headers)
 	"FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), "        \
 	"pg_catalog.unnest($4), pg_catalog.unnest($5), pg_catalog.unnest($6), " \
 	"pg_catalog.unnest($7)) WITH ORDINALITY "                               \
-	"AS e(id, event_key, payload, aggregate_id, event_type, headers, n) "   \
-	"WHERE true"
+	"AS e(id, event_key, payload, aggregate_id, event_type, headers, n) "
 
 static void
 prepare_many_plans(void)
@@ -253,29 +259,25 @@ prepare_many_plans(void)
 	bool v10;
 
 	/* Prepared again with obx.enqueue's (see obx_enqueue_schema_is_1_0). */
-	if (insert_many_plan != NULL && plans_epoch == obx_enqueue_plans_epoch)
+	if (insert_many_new_plan != NULL && plans_epoch == obx_enqueue_plans_epoch)
 		return;
 	if (insert_many_plan != NULL)
-	{
 		SPI_freeplan(insert_many_plan);
+	if (insert_many_new_plan != NULL)
 		SPI_freeplan(insert_many_new_plan);
-	}
+	insert_many_plan = NULL;
 	plans_epoch = obx_enqueue_plans_epoch;
 	v10 = obx_enqueue_schema_is_1_0();
-	insert_many_plan = obx_prepare_kept_generic(
-		v10 ? "INSERT INTO obx.outbox_events "
-			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT " ORDER BY e.n ON CONFLICT (id) DO NOTHING RETURNING id"
-			: "INSERT INTO obx.events "
-			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT
-			  " AND NOT EXISTS (SELECT 1 FROM obx.events x"
-			  "                  WHERE x.id OPERATOR(pg_catalog.=) e.id)"
-			  " ORDER BY e.n ON CONFLICT DO NOTHING RETURNING id",
-		7, types);
+	if (v10)
+		insert_many_plan = obx_prepare_kept_generic(
+			"INSERT INTO obx.outbox_events "
+			"(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT "ORDER BY e.n ON CONFLICT (id) DO NOTHING RETURNING id",
+			7, types);
 	insert_many_new_plan = obx_prepare_kept_generic(
 		v10 ? "INSERT INTO obx.outbox_events "
-			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT " ORDER BY e.n"
+			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT "ORDER BY e.n"
 			: "INSERT INTO obx.events "
-			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT " ORDER BY e.n",
+			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) " INSERT_MANY_SELECT "ORDER BY e.n",
 		7, types);
 }
 
@@ -340,6 +342,30 @@ insert_many(FunctionCallInfo fcinfo, const ManyArrays *arrays, const char *topic
 }
 
 /*
+ * insert_given
+ *		Insert the checked events one by one in array order, for arrays
+ *		with event ids given in 1.1: each given id is looked up first
+ *		(obx_enqueue_given), and a lookup cannot be shared by a statement
+ *		that inserts many.  Returns how many were inserted.
+ */
+static uint64
+insert_given(EnqueueEvent *events, int n, char *topic)
+{
+	uint64 inserted = 0;
+	int i;
+
+	for (i = 0; i < n; i++)
+	{
+		many_element = i;
+		events[i].topic = topic;
+		if (obx_enqueue_insert(&events[i]))
+			inserted++;
+	}
+	many_element = -1;
+	return inserted;
+}
+
+/*
  * obx.enqueue_many(topic, event_keys, payloads, aggregate_ids, event_types,
  *					headers, event_ids) returns uuid[]
  *
@@ -354,6 +380,7 @@ obx_enqueue_many(PG_FUNCTION_ARGS)
 	char *topic = text_to_cstring(obx_enqueue_required_text(fcinfo, 0, "topic"));
 	ManyArrays arrays;
 	ErrorContextCallback context;
+	EnqueueEvent *events;
 	pg_uuid_t *ids;
 	Datum *id_datums;
 	ArrayType *result;
@@ -373,13 +400,17 @@ obx_enqueue_many(PG_FUNCTION_ARGS)
 	context.previous = error_context_stack;
 	error_context_stack = &context;
 
-	ids = check_many(&arrays, &headers);
+	events = palloc(sizeof(EnqueueEvent) * arrays.n);
+	ids = check_many(&arrays, events, &headers);
 	id_datums = palloc(sizeof(Datum) * arrays.n);
 	for (i = 0; i < arrays.n; i++)
 		id_datums[i] = UUIDPGetDatum(&ids[i]);
 	result = construct_array(id_datums, arrays.n, UUIDOID, UUID_LEN, false,
 							 TYPALIGN_CHAR);
-	inserted = insert_many(fcinfo, &arrays, topic, result, ids, headers);
+	if (arrays.values[5] != NULL && !obx_enqueue_schema_is_1_0())
+		inserted = insert_given(events, arrays.n, topic);
+	else
+		inserted = insert_many(fcinfo, &arrays, topic, result, ids, headers);
 
 	error_context_stack = context.previous;
 	if (inserted > 0)

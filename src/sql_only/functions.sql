@@ -194,26 +194,72 @@ v_bytes := overlay(uuid_send(gen_random_uuid())
 				   FROM 1 FOR 6);
 v_bytes := set_byte(v_bytes, 6, (get_byte(v_bytes, 6) & 15) | 112);
 
+-- snippet lock_id
+/*
+ * A given id is locked until the transaction ends, under the advisory
+ * lock key ("obx" in ASCII + 1, hashtext of the id), before it is looked
+ * up: a call that gives an id another open transaction has enqueued waits
+ * for that transaction.  src/api/event_id.c holds its lock only from the
+ * look-up to the insert; SQL cannot release a transaction's lock early.
+ */
+PERFORM pg_advisory_xact_lock(7299705, hashtext(v_id::text));
+
 -- snippet check_existing
 /*
  * An id given twice: a no-op when the event is the same, an error when
- * it differs or is not visible to this transaction.
+ * it differs, was skipped, or is not visible to this transaction.  A held
+ * event (obx.event_states) outlives its generation's partition.
  */
-SELECT e.topic, e.event_key, coalesce(e.payload::text, ''), coalesce(e.event_type, ''),
-	   coalesce(e.headers::text, ''), e.aggregate_id
+SELECT s.skipped_at IS NOT NULL AS skipped, s.topic, s.event_key,
+	   coalesce(s.payload::text, '') AS payload, coalesce(s.event_type, '') AS event_type,
+	   coalesce(s.headers::text, '') AS headers, s.aggregate_id
   INTO v_old
-  FROM obx.events e WHERE e.id = v_id;
+  FROM obx.event_states s WHERE s.id = v_id;
+IF NOT FOUND THEN
+	SELECT false AS skipped, e.topic, e.event_key, coalesce(e.payload::text, '') AS payload,
+		   coalesce(e.event_type, '') AS event_type, coalesce(e.headers::text, '') AS headers,
+		   e.aggregate_id
+	  INTO v_old
+	  FROM obx.events e WHERE e.id = v_id;
+END IF;
 IF NOT FOUND THEN
 	RAISE EXCEPTION 'obx event id % is already in use', v_id USING ERRCODE = '23505',
 		DETAIL = 'The event with this id is not visible to this transaction''s snapshot.';
 END IF;
-IF v_old IS DISTINCT FROM ROW(v_topic, v_key, coalesce(v_payload::text, ''),
-							   coalesce(v_event_type, ''), coalesce(v_headers::text, ''),
-							   coalesce(v_aggregate_id, v_key)) THEN
+IF v_old.skipped THEN
+	RAISE EXCEPTION 'obx event id % was skipped', v_id USING ERRCODE = '23505',
+		DETAIL = 'obx.skip gave up on the event with this id; it is in obx.skipped_events, and the id stays in use for as long as the outbox retains the event.',
+		HINT = 'Give a new event its own id, or omit the id to have one generated.';
+END IF;
+IF ROW(v_old.topic, v_old.event_key, v_old.payload, v_old.event_type, v_old.headers,
+	   v_old.aggregate_id)
+   IS DISTINCT FROM ROW(v_topic, v_key, coalesce(v_payload::text, ''),
+						coalesce(v_event_type, ''), coalesce(v_headers::text, ''),
+						coalesce(v_aggregate_id, v_key)) THEN
 	RAISE EXCEPTION 'obx event id % already exists with different content', v_id
 		USING ERRCODE = '23505',
 		DETAIL = 'Enqueueing an existing event id is a no-op only when topic, key, payload, aggregate id, event type and headers are the same.',
 		HINT = 'Give a new event its own id, or omit the id to have one generated.';
+END IF;
+
+-- snippet check_settled
+/*
+ * At REPEATABLE READ and SERIALIZABLE the look-up saw this transaction's
+ * snapshot only, and missed an id that another transaction inserted into
+ * an older generation's partition and committed after the snapshot was
+ * taken (the partition this one went to has its own unique index).  That
+ * can happen only while an older generation is not yet done (all its
+ * events published, no transaction still inserting into it: obx._rotate),
+ * or its being done is not visible to the snapshot: then fail, as a
+ * unique index fails such a transaction.
+ */
+IF current_setting('transaction_isolation') <> 'read committed'
+   AND (NOT EXISTS (SELECT 1 FROM obx.generations g WHERE g.generation = v_seq >> 40)
+		OR EXISTS (SELECT 1 FROM obx.generations g
+					WHERE g.generation < v_seq >> 40 AND g.done_at IS NULL)) THEN
+	RAISE EXCEPTION 'could not serialize access due to concurrent update' USING ERRCODE = '40001',
+		DETAIL = 'An older generation of the outbox may hold an event with a given id that this transaction''s snapshot cannot see.',
+		HINT = 'Retry the transaction.';
 END IF;
 
 -- snippet enqueue_one
@@ -275,14 +321,19 @@ IF v_id IS NULL THEN
 	VALUES (v_id, coalesce(v_aggregate_id, v_key), v_topic, v_key, v_event_type, v_headers, v_payload);
 	RETURN v_id;
 END IF;
-/* A given id may be in use in any generation's partition. */
+/* A given id may be in use in any generation's partition, or held. */
+-- @lock_id
 INSERT INTO obx.events (id, aggregate_id, topic, event_key, event_type, headers, payload)
 SELECT v_id, coalesce(v_aggregate_id, v_key), v_topic, v_key, v_event_type, v_headers, v_payload
  WHERE NOT EXISTS (SELECT 1 FROM obx.events e WHERE e.id = v_id)
-ON CONFLICT DO NOTHING;
+   AND NOT EXISTS (SELECT 1 FROM obx.event_states s WHERE s.id = v_id)
+ON CONFLICT DO NOTHING
+RETURNING seq INTO v_seq;
 IF NOT FOUND THEN
 	-- @check_existing
+	RETURN v_id;
 END IF;
+-- @check_settled
 RETURN v_id;
 
 -- snippet enqueue_vars
@@ -306,6 +357,7 @@ v_source text;
 v_why text;
 v_bytes bytea;
 v_old record;
+v_seq bigint;
 
 -- replaces obx.enqueue
 CREATE FUNCTION obx.enqueue(
@@ -381,6 +433,7 @@ DECLARE
 	v_why text;
 	v_bytes bytea;
 	v_old record;
+	v_seq bigint;
 	v_n integer;
 	v_len integer;
 	v_name text;
@@ -455,6 +508,10 @@ BEGIN
 		 ORDER BY e.n;
 		RETURN v_ids;
 	END IF;
+	/* The given ids locked in one order, so that two calls cannot deadlock. */
+	PERFORM pg_advisory_xact_lock(7299705, h.h)
+	   FROM (SELECT DISTINCT hashtext(x::text) AS h FROM unnest(event_ids) AS x
+			  WHERE x IS NOT NULL ORDER BY 1) AS h;
 	WITH ins AS (
 		INSERT INTO obx.events (id, aggregate_id, topic, event_key, event_type, headers, payload)
 		SELECT e.id, coalesce(e.aggregate_id, e.event_key), v_topic, e.event_key, e.event_type,
@@ -463,10 +520,14 @@ BEGIN
 						  unnest(aggregate_ids), unnest(event_types), unnest(v_all_headers))
 			   WITH ORDINALITY AS e(id, event_key, payload, aggregate_id, event_type, headers, n)
 		 WHERE NOT EXISTS (SELECT 1 FROM obx.events x WHERE x.id = e.id)
+		   AND NOT EXISTS (SELECT 1 FROM obx.event_states s WHERE s.id = e.id)
 		 ORDER BY e.n
 		ON CONFLICT DO NOTHING
-		RETURNING id)
-	SELECT coalesce(array_agg(ins.id), '{}') INTO v_inserted FROM ins;
+		RETURNING id, seq)
+	SELECT coalesce(array_agg(ins.id), '{}'), max(ins.seq) INTO v_inserted, v_seq FROM ins;
+	IF v_seq IS NOT NULL THEN
+		-- @check_settled
+	END IF;
 	IF cardinality(v_inserted) < v_n THEN
 		/* Ids in use already, or given twice: each must be the same event. */
 		FOR i IN 1..v_n LOOP
