@@ -9,11 +9,15 @@
 # so that a drift of the machine's load hits both sides alike, and each
 # side's figure is the mean of its two runs.
 #
-# Three settings, 4 runs each:
+# Four settings, 4 runs each:
 #   - relay paused (obx.workers = 0): the cost of the enqueue call itself,
 #     in a durable transaction (the commit waits for its WAL flush);
 #   - relay paused, synchronous_commit = off for the pgbench sessions: the
 #     same without the WAL flush wait, which otherwise hides CPU costs;
+#   - the same with the event id given (pgbench/enqueue_obx_given.sql), as
+#     an application that makes its business actions idempotent gives it:
+#     obx then looks the id up in every generation (docs/sql.md, "Repeated
+#     event id"); its cost is also shown against the generated id's;
 #   - relay running (obx's defaults): what the application sees when the
 #     relay publishes its events on the same 2 cores at the same time.  The
 #     plain runs have the relay idle.  The backlog the relay had left when
@@ -42,12 +46,15 @@ bench_enqueue()
 	echo
 	echo "== 2. enqueue cost: pgbench, $clients clients, ${secs}s per run, one event per transaction (load average $(machine_load))"
 
-	local rows="" config relay pgoptions floor_lines="" least_ratio=""
+	local rows="" config relay pgoptions floor_lines="" least_ratio="" obx_script
 	bench_topic bench.enqueue bench.enqueue.librdkafka
-	for config in paused paused_async running; do
+	for config in paused paused_async given_async running; do
 		relay=${config%_async}
+		[ $relay = given ] && relay=paused
 		pgoptions=""
-		[ $config = paused_async ] && pgoptions="-c synchronous_commit=off"
+		[ $config != ${config%_async} ] && pgoptions="-c synchronous_commit=off"
+		obx_script=enqueue_obx
+		[ $config = given_async ] && obx_script=enqueue_obx_given
 		# Reset first: a restart with the relay on must not find the
 		# previous runs' unpublished events.
 		reset_outbox
@@ -61,7 +68,7 @@ bench_enqueue()
 			reset_outbox
 			local out lat tps
 			out=$(PGOPTIONS="$pgoptions" run_pgbench -c "$clients" -j "$threads" -T "$secs" -M prepared \
-				-f "$here/pgbench/enqueue_$kind.sql" 2>&1) || {
+				-f "$here/pgbench/$([ $kind = obx ] && echo $obx_script || echo enqueue_$kind).sql" 2>&1) || {
 				echo "$out" >&2
 				return 1
 			}
@@ -103,6 +110,10 @@ the same while one more session also marks the pending rows published on average
 			label="relay paused, synchronous_commit = off"
 			note="no WAL flush wait: shows the CPU cost"
 			;;
+		given_async)
+			label="relay paused, synchronous_commit = off, event_id given"
+			note="the id looked up in every generation: $(calc "$obx_ms / $obx_ms_paused_async")x the generated id's ms/txn"
+			;;
 		running)
 			label="relay running (obx defaults)"
 			note="relay backlog when each obx run ended: ${backlog#, } events; published within ${settle#, } s"
@@ -111,6 +122,7 @@ the same while one more session also marks the pending rows published on average
 		rows="$rows
 $label | $obx_ms | $(calc "$obx_tps_sum / 2" 0) | $plain_ms | $(calc "$plain_tps_sum / 2" 0) | $ratio | $note"
 		eval "ratio_$config=$ratio"
+		eval "obx_ms_$config=$obx_ms"
 	done
 
 	{

@@ -1,0 +1,68 @@
+# One event per given id, under concurrency, at no cost to rotation
+# (docs/sql.md, "Repeated event id"; docs/internals.md, "One event per id"):
+#
+# 1. Many sessions enqueue the same fresh ids at the same moment, each id
+#    with one content: every call returns its id, none fails (two calls
+#    that both found an id free would both insert it, and the second would
+#    fail on the partition's unique index), and each id is one event.
+# 2. A transaction that enqueued an event with a given id, still open,
+#    holds no lock on the partitions of the other generations nor on
+#    obx.event_states: a truncation of an old generation (ACCESS EXCLUSIVE,
+#    taken without waiting by obx._rotate) is not held back by it.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use ObxTest;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $mock = start_mock();
+my $node = obx_node('event_id_locks', $mock, 'obx.workers' => 1);
+
+# 1. Each call gives the id of the current 2 ms, so that the sessions race
+# for every fresh id; the payload is a function of the id.
+$node->pgbench(
+	'--no-vacuum --client=4 --jobs=2 --transactions=600',
+	0,
+	[qr{processed: 2400/2400}],
+	[qr{^$}],
+	'concurrent enqueues of the same fresh ids all succeed',
+	{
+		'036_same_ids' => q{
+SELECT obx.enqueue('t.locks', 'k' || (m % 7), jsonb_build_object('m', m),
+				   event_id => md5(m::text)::uuid)
+  FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 500)::bigint AS m) s;
+}
+	});
+my ($rows, $ids, $shared) = split /\|/, $node->safe_psql('postgres', q{
+	SELECT count(*), count(DISTINCT id),
+		   (SELECT count(*) FROM obx.events WHERE payload->>'m' IS NOT NULL
+			  AND id <> md5((payload->>'m'))::uuid)
+	  FROM obx.events WHERE topic = 't.locks'});
+is($rows, $ids, "each of the $ids ids enqueued is one event");
+is($shared, 0, 'each event holds the content of its id');
+cmp_ok($ids, '<', 2400, 'the sessions did race for the same ids (fewer ids than calls)');
+
+# 2. An open transaction that gave an id: the other generations' partitions
+# and the states can be locked ACCESS EXCLUSIVE without waiting.
+my $current = $node->safe_psql('postgres',
+	q{SELECT (last_value >> 40) % 3 FROM obx.event_seq});
+my @others = map { "obx.events_$_" } grep { $_ != $current } 0 .. 2;
+my $open = $node->background_psql('postgres');
+$open->query_safe(q{BEGIN});
+$open->query_safe(q{SELECT obx.enqueue('t.locks', 'open', '{"open": true}',
+	event_id => '0b0e0000-0000-4000-8000-000000000036')});
+my ($ret, $out, $err) = $node->psql('postgres',
+	'BEGIN; LOCK TABLE ' . join(', ', @others, 'obx.event_states')
+	  . ' IN ACCESS EXCLUSIVE MODE NOWAIT; COMMIT;', on_error_stop => 1);
+is($ret, 0, 'an open transaction that gave an event id holds back no truncation of another generation')
+  or diag($err);
+$open->query_safe(q{COMMIT});
+$open->quit;
+is($node->safe_psql('postgres',
+	q{SELECT count(*) FROM obx.events WHERE id = '0b0e0000-0000-4000-8000-000000000036'}),
+	1, 'its event committed');
+
+done_testing();
