@@ -9,11 +9,17 @@
 #    holds no lock on the partitions of the other generations nor on
 #    obx.event_states: a truncation of an old generation (ACCESS EXCLUSIVE,
 #    taken without waiting by obx._rotate) is not held back by it.
+# 3. A quarantined event outlives its generation in obx.event_states: once
+#    the generation is truncated its id still names it, on the extension
+#    and on the SQL-only install (with obx-relay): other content fails with
+#    23505, the same content is a no-op, and obx.events gets no second
+#    event with that id.
 use strict;
 use warnings;
 
 use FindBin;
 use lib "$FindBin::RealBin/lib";
+use ObxDaemon;
 use ObxTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -64,5 +70,56 @@ $open->quit;
 is($node->safe_psql('postgres',
 	q{SELECT count(*) FROM obx.events WHERE id = '0b0e0000-0000-4000-8000-000000000036'}),
 	1, 'its event committed');
+
+# 3. Held beyond its generation, on both installs.
+sub held_after_truncation
+{
+	my ($node, $name) = @_;
+	my $id = '0b0e0000-0000-4000-8000-0000000000a1';
+	# Quarantined in the transaction that enqueues it, so no relay sends it.
+	$node->safe_psql('postgres', qq{
+		BEGIN;
+		SELECT obx.enqueue('t.held', 'h', '{"v": "H"}', event_id => '$id');
+		SELECT obx._hold(ARRAY['$id'::uuid]);
+		UPDATE obx.event_states SET quarantined_at = now(), attempts = 1,
+			   last_error = 'held by the test' WHERE id = '$id';
+		COMMIT;});
+	my $gen = $node->safe_psql('postgres', q{SELECT last_value >> 40 FROM obx.event_seq});
+	$node->safe_psql('postgres',
+		q{UPDATE obx.generations SET started_at = now() - interval '1 hour'});
+	is($node->safe_psql('postgres', q{SELECT obx._rotate(1)}),
+		'rotated to generation ' . ($gen + 1), "$name: the outbox rotates");
+	# A claim in the new generation lets the old one be done; then, a
+	# second after, truncated.
+	$node->safe_psql('postgres', q{SELECT obx.enqueue('t.held', 'filler', '{}')});
+	ok($node->poll_query_until('postgres', qq{
+		SELECT obx._rotate(1) IS NOT DISTINCT FROM 'generation $gen truncated'
+			OR NOT EXISTS (SELECT 1 FROM obx.generations WHERE generation = $gen)}),
+		"$name: generation $gen is truncated");
+	is($node->safe_psql('postgres', qq{
+		SELECT (SELECT count(*) FROM obx.events WHERE id = '$id') || ','
+			|| (SELECT count(*) FROM obx.quarantine WHERE id = '$id')}),
+		'0,1', "$name: the quarantined event is held in its state only");
+	my ($ret, $out, $err) = $node->psql('postgres',
+		qq{SELECT obx.enqueue('t.held', 'h', '{"v": "other"}', event_id => '$id')},
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	like($err, qr/23505.*already exists with different content/,
+		"$name: other content under the held event's id fails with 23505");
+	is($node->safe_psql('postgres',
+		qq{SELECT obx.enqueue('t.held', 'h', '{"v": "H"}', event_id => '$id')}),
+		$id, "$name: the same content is a no-op returning the id");
+	is($node->safe_psql('postgres', qq{SELECT count(*) FROM obx.events WHERE id = '$id'}),
+		0, "$name: obx.events has no event with the held id");
+	return;
+}
+
+held_after_truncation($node, 'extension');
+
+my $sql = sql_only_node('event_id_locks_sql');
+my $relay = start_relay(relay_config($sql, $mock, PostgreSQL::Test::Utils::tempdir('relay')));
+ok($sql->poll_query_until('postgres', q{SELECT count(*) > 0 FROM obx.claims}),
+	'SQL-only: obx-relay claims');
+held_after_truncation($sql, 'SQL-only');
+stop_relay($relay);
 
 done_testing();
