@@ -185,6 +185,32 @@ class WorkTest extends TestCase
     }
 
     /**
+     * A payload nested as deep as PHP's JSON parser goes (600 levels)
+     * reaches its listener; one nested deeper (5,000 levels: valid jsonb,
+     * which PHP cannot decode) is dead-lettered at once, with the reason,
+     * and never stops the worker: the next message of its key runs.
+     */
+    public function testAPayloadPhpCannotDecodeIsDeadLetteredAtOnceAndItsKeyGoesOn(): void
+    {
+        foreach ([['ord_1', 1, 5000], ['ord_1', 2, 1], ['ord_2', 1, 600]] as [$key, $n, $depth]) {
+            DB::insert("insert into obx.landed (consumer_name, event_id, event_type, topic, kafka_partition,
+                          kafka_offset, event_key, payload)
+                        values (?, ?, 'OrderPlaced', ?, 0, ?, ?,
+                                ('{\"n\": ' || ? || ', \"deep\": ' || repeat('[', ?) || repeat(']', ?) || '}')::jsonb)",
+                [self::CONSUMER, "evt-$key-$n", self::TOPIC, $n, $key, $n, $depth, $depth]);
+        }
+        [$code, $out] = $this->artisan('obx:work', ['--stop-when-empty' => true]);
+
+        $this->assertSame(0, $code, $out);
+        $this->assertEqualsCanonicalizing(['evt-ord_1-2/1', 'evt-ord_2-1/1'], $this->effects());
+        $dead = DB::select('select event_id, error_message from obx.dead_letters');
+        $this->assertCount(1, $dead);
+        $this->assertSame('evt-ord_1-1', $dead[0]->event_id);
+        $this->assertStringContainsString('could not be decoded as JSON by PHP', $dead[0]->error_message);
+        $this->assertSame(0, (int) DB::selectOne('select count(*) as n from obx.landed')->n);
+    }
+
+    /**
      * A message whose listener kills its worker every time: each death
      * counts as an attempt (obx.start_landed, on another connection), and
      * at the last try it is dead-lettered without running again; its key

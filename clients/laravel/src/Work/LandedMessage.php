@@ -27,9 +27,32 @@ final class LandedMessage
     ) {
     }
 
-    /** From a row of obx.claim_landed (jsonb columns as text). */
+    /**
+     * From a row of obx.claim_landed (jsonb columns as text), decoded as
+     * deep as PHP's parser goes.
+     *
+     * @throws Undecodable when PHP cannot decode the payload or headers
+     */
     public static function fromRow(object $row): self
     {
+        try {
+            return self::make($row, true);
+        } catch (\JsonException $e) {
+            throw new Undecodable(sprintf('the message could not be decoded as JSON by PHP: %s',
+                $e->getMessage()), 0, $e);
+        }
+    }
+
+    /** The same row with neither payload nor headers, to record its failure. */
+    public static function undecoded(object $row): self
+    {
+        return self::make($row, false);
+    }
+
+    private static function make(object $row, bool $decode): self
+    {
+        $json = fn (?string $text) => $text === null || !$decode ? null
+            : json_decode($text, true, 2147483647, JSON_THROW_ON_ERROR);
         return new self(
             (int) $row->id,
             $row->consumer_name,
@@ -39,8 +62,8 @@ final class LandedMessage
             (int) $row->kafka_partition,
             (int) $row->kafka_offset,
             $row->event_key,
-            (array) ($row->headers === null ? [] : json_decode($row->headers, true, 512, JSON_THROW_ON_ERROR)),
-            $row->payload === null ? null : json_decode($row->payload, true, 512, JSON_THROW_ON_ERROR),
+            (array) ($json($row->headers) ?? []),
+            $json($row->payload),
             $row->kafka_timestamp,
             (int) $row->attempts + 1,
         );

@@ -68,7 +68,14 @@ final class Worker
             }
             $row->attempts = (int) $this->starts->selectOne('select obx.start_landed(?, ?) as n',
                 [$this->consumer, $row->id])->n - 1;
-            $message = LandedMessage::fromRow($row);
+            try {
+                $message = LandedMessage::fromRow($row);
+            } catch (Undecodable $e) {
+                $message = LandedMessage::undecoded($row);
+                $outcome = $this->fail($message, $e);
+                $db->commit();
+                return [$message, $outcome, $e];
+            }
             $level = $db->transactionLevel();
             $db->beginTransaction();                 // a savepoint: the claim's lock outlives a failure
             try {
@@ -172,11 +179,12 @@ final class Worker
     /** obx.fail_landed: a retry after the backoff, or the dead letter at the last try. */
     private function fail(LandedMessage $message, Throwable $e): string
     {
-        $tries = $e instanceof NoListener || $e instanceof WorkerDied ? 1 : max(1, $this->tries);
+        $tries = $e instanceof NoListener || $e instanceof WorkerDied || $e instanceof Undecodable ? 1
+            : max(1, $this->tries);
         $wait = $this->backoff === [] ? 0
             : $this->backoff[min($message->attempt, count($this->backoff)) - 1];
         $error = sprintf('%s: %s (listener %s)', get_class($e), mb_strimwidth($e->getMessage(), 0, 2000, '...'),
-            $e instanceof NoListener ? '-' : ($this->safeListenerName($message) ?? '-'));
+            $e instanceof NoListener || $e instanceof Undecodable ? '-' : ($this->safeListenerName($message) ?? '-'));
         return $this->db->selectOne(
             'select obx.fail_landed(?, ?, ?, ?, ?::interval) as outcome',
             [$this->consumer, $message->id, $error, $tries, sprintf('%d seconds', $wait)])->outcome;
