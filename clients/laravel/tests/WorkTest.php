@@ -128,6 +128,26 @@ class WorkTest extends TestCase
             'the failed listener\'s write rolled back with the message; the retry wrote once');
     }
 
+    /**
+     * An event class that no Laravel listener listens to (a typo in the
+     * mapping or the listener's registration) is no success: the message
+     * is dead-lettered at once with the reason, and its key goes on.
+     */
+    public function testAnEventClassWithoutListenersIsDeadLetteredAtOnce(): void
+    {
+        $this->land([['ord_1', 1, null, null], ['ord_1', 2, null, 'Ping']]);
+        $this->app['config']->set('obx.work.listeners',
+            [self::TOPIC => ['OrderPlaced' => Fixtures\KafkaOrderPlaced::class, 'Ping' => RecordEffect::class]]);
+        [$code, $out] = $this->artisan('obx:work', ['--stop-when-empty' => true]);
+
+        $this->assertSame(0, $code, $out);
+        $this->assertSame(['evt-ord_1-2/1'], $this->effects());
+        $dead = DB::select('select event_id, error_message from obx.dead_letters');
+        $this->assertCount(1, $dead);
+        $this->assertSame('evt-ord_1-1', $dead[0]->event_id);
+        $this->assertStringContainsString('no Laravel listener for the event class', $dead[0]->error_message);
+    }
+
     public function testOnceAndMaxJobsStopEarly(): void
     {
         $this->land([['ord_1', 1, null, null], ['ord_2', 1, null, null], ['ord_3', 1, null, null]]);

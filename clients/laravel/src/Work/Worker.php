@@ -157,7 +157,8 @@ final class Worker
 
     /**
      * Runs what the message maps to: an event class implementing FromKafka
-     * is made from it and dispatched to its Laravel listeners; any other
+     * is made from it and dispatched to its Laravel listeners (none is an
+     * error: a typo must not pass for a success); any other
      * class is resolved from the container and gets the message
      * (handle($message), or __invoke).  A type mapped to null is skipped.
      */
@@ -168,7 +169,12 @@ final class Worker
             return self::SKIPPED;
         }
         if (is_subclass_of($class, FromKafka::class)) {
-            $this->container->make('events')->dispatch($class::fromKafka($message));
+            $events = $this->container->make('events');
+            if (!$events->hasListeners($class)) {
+                throw new NoListener(sprintf('no Laravel listener for the event class %s that obx:work maps '
+                    . 'topic "%s" to (config obx.work.listeners)', $class, $message->topic));
+            }
+            $events->dispatch($class::fromKafka($message));
             return self::DONE;
         }
         $listener = $this->container->make($class);
