@@ -66,16 +66,25 @@ static const char *const id_tables[][2] = {
 	{"events_2", "events_2_id_idx"},
 };
 
+/* The named column of a row found into *value; returns whether it is null. */
 static bool
-same_text_column(HeapTuple tup, TupleDesc desc, const char *name, const char *expected)
+column_value(HeapTuple tup, TupleDesc desc, const char *name, Datum *value)
 {
 	int attno = SPI_fnumber(desc, name);
 	bool isnull;
-	Datum value;
 
 	if (attno <= 0)
 		elog(ERROR, "obx table has no column \"%s\"", name);
-	value = heap_getattr(tup, attno, desc, &isnull);
+	*value = heap_getattr(tup, attno, desc, &isnull);
+	return isnull;
+}
+
+static bool
+same_text_column(HeapTuple tup, TupleDesc desc, const char *name, const char *expected)
+{
+	Datum value;
+	bool isnull = column_value(tup, desc, name, &value);
+
 	if (isnull || expected == NULL)
 		return isnull && expected == NULL;
 	return strcmp(TextDatumGetCString(value), expected) == 0;
@@ -84,13 +93,9 @@ same_text_column(HeapTuple tup, TupleDesc desc, const char *name, const char *ex
 static bool
 same_jsonb_column(HeapTuple tup, TupleDesc desc, const char *name, Jsonb *expected)
 {
-	int attno = SPI_fnumber(desc, name);
-	bool isnull;
 	Datum value;
+	bool isnull = column_value(tup, desc, name, &value);
 
-	if (attno <= 0)
-		elog(ERROR, "obx table has no column \"%s\"", name);
-	value = heap_getattr(tup, attno, desc, &isnull);
 	if (isnull || expected == NULL)
 		return isnull && expected == NULL;
 	return DatumGetBool(DirectFunctionCall2(jsonb_eq, value, JsonbPGetDatum(expected)));
