@@ -46,17 +46,20 @@ sub exporter_bin
 	  . "(Debian package prometheus-postgres-exporter, see scripts/deps.sh)\n";
 }
 
-# grant_monitoring($node, $role): create a login role with exactly the
-# monitoring grants obx documents (USAGE on the schema, SELECT on the views).
+# grant_monitoring($node, $role): create the exporter's role as
+# docs/monitoring.md says: the SQL with which docs/security.md creates its
+# reader of status, `dashboards`, under the name $role and without
+# pg_monitor (which only shows error texts).  Dies when security.md has no
+# such SQL.
 sub grant_monitoring
 {
 	my ($node, $role) = @_;
-	$node->safe_psql('postgres', qq{
-		CREATE ROLE $role LOGIN;
-		GRANT USAGE ON SCHEMA obx TO $role;
-		GRANT SELECT ON obx.status, obx.quarantine, obx.workers,
-			obx.publish_latency, obx.publish_latency_summary,
-			obx.consumers, obx.consumer_status, obx.landed_status TO $role;});
+	my $doc = File::Spec->catfile(dirname(__FILE__), '..', '..', 'docs', 'security.md');
+	my ($sql) = slurp_file($doc) =~ /^(CREATE ROLE dashboards .*?)^```/ms
+	  or die "$doc creates no role dashboards in SQL\n";
+	$sql =~ s/ IN ROLE pg_monitor//;
+	$sql =~ s/\bdashboards\b/$role/g;
+	$node->safe_psql('postgres', $sql);
 	return $role;
 }
 
