@@ -35,8 +35,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "consume.h"
 #include "daemon.h"
 #include "protocol.h"
+#include "settings.h"
 
 /* Messages applied per subscription before the next one gets a turn. */
 #define TURN_MESSAGES 200

@@ -1,12 +1,12 @@
 /*-------------------------------------------------------------------------
  *
  * daemon.c
- *	  What obx-relay's two files share (daemon.h): its settings, its log,
- *	  memory and clock helpers, the binary arrays of statement parameters,
- *	  a Kafka property set with its error logged, and the opening of a
- *	  session with the pinned settings.  obx_relay.c (the daemon and its
- *	  relay) and consume.c (its subscriptions) call into it, never it into
- *	  them.
+ *	  What every file of obx-relay stands on (daemon.h): its log, memory
+ *	  and clock helpers, the binary arrays of statement parameters, a
+ *	  Kafka property set with its error logged, the opening of a session
+ *	  with the pinned settings, and the logical replica check's answer
+ *	  kept.  The relay's files and the consumer's call into it, never it
+ *	  into them.
  *
  *-------------------------------------------------------------------------
  */
@@ -20,9 +20,6 @@
 
 #include "daemon.h"
 #include "protocol.h"
-
-/* The settings, as obx_relay.c loaded them. */
-Config obx_config;
 
 void
 obx_say(const char *level, const char *fmt, ...)
@@ -210,7 +207,7 @@ obx_session_open(const char *conninfo, const char *application_name, const char 
  * *problem, said once: a WARNING that the daemon does nothing in the
  * database (idle, with what the copies get instead: detail) when a reason
  * appears or changes, a LOG line (resumed) when it goes.  Returns whether
- * the database is free of it.  The relay (obx_relay.c) and the consumer
+ * the database is free of it.  The relay (outbox.c) and the consumer
  * process (consume.c) read it each in its own session.
  */
 bool

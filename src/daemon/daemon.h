@@ -1,11 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * daemon.h
- *	  What obx-relay's files share: its settings, its log, memory and
- *	  clock helpers, the type oids and binary arrays of statement
- *	  parameters, and the opening of a session with the pinned settings
- *	  (daemon.c).  obx_relay.c is the daemon and its relay; consume.c runs
- *	  its subscriptions.
+ *	  What every file of obx-relay stands on (daemon.c): its log, memory
+ *	  and clock helpers, the type oids and binary arrays of statement
+ *	  parameters, a Kafka property set, the opening of a session with the
+ *	  pinned settings, and the logical replica check's answer kept.
  *
  *-------------------------------------------------------------------------
  */
@@ -18,9 +17,6 @@
 
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
-
-#define MAX_DATABASES   16
-#define MAX_KAFKA_PROPS 64
 
 /* Type oids of the statements' parameters (libpq has no catalog headers). */
 #define BOOLOID        16
@@ -39,30 +35,6 @@
 #define UUIDARRAYOID   2951
 #define PGSNAPSHOTOID  5038
 
-typedef struct Config
-{
-	char *databases[MAX_DATABASES];
-	int ndatabases;
-	char *brokers;
-	char *kafka_names[MAX_KAFKA_PROPS];
-	char *kafka_values[MAX_KAFKA_PROPS];
-	int nkafka;
-	int batch_size;
-	int poll_interval_ms; /* after a claim that took nothing */
-	int claim_gap_ms;     /* after one that took events, not a full batch */
-	int lease_timeout_s;
-	int delivery_timeout_ms;
-	int max_attempts;
-	int backoff_min_ms;
-	int backoff_max_ms;
-	bool quarantine_blocks_key;
-	int retention_s;
-	int relay_id;
-	char *subscriptions; /* consumed: NULL none, "*" all, or a list */
-} Config;
-
-extern Config obx_config;
-
 /* A growing string, for the statements' array parameters. */
 typedef struct Buf
 {
@@ -71,7 +43,6 @@ typedef struct Buf
 	size_t cap;
 } Buf;
 
-/* daemon.c */
 extern void obx_say(const char *level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 extern char *obx_xstrdup(const char *s);
@@ -86,11 +57,5 @@ extern PGconn *obx_session_open(const char *conninfo, const char *application_na
 								const char *what);
 extern bool obx_replica_note(char **problem, const PGresult *res, const char *database,
 							 const char *idle, const char *detail, const char *resumed);
-
-/* consume.c: the subscriptions obx-relay runs (obx_config.subscriptions). */
-extern bool obx_consume_enabled(void);
-extern long long obx_consume_serve(void);
-extern void obx_consume_stop(void);
-extern bool obx_consume_check(PGconn *conn);
 
 #endif

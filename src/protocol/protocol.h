@@ -186,8 +186,8 @@
  * every event retained before reaching them.  The new floor is the first
  * of them, taken or not.  In the tick row, OBX_CLAIM_COMPLETE_COL says
  * whether none was held back; one more than a batch makes the batch full,
- * so the claim is not complete either.  Used by both relays (claim.c,
- * obx_relay.c); the same arguments as OBX_SQL_CLAIM, $3 and $5 unread.
+ * so the claim is not complete either.  Used by both relays (relay/claim.c,
+ * daemon/claim.c); the same arguments as OBX_SQL_CLAIM, $3 and $5 unread.
  */
 #define OBX_SQL_CLAIM_SINCE                                                                \
 	"WITH blocked AS MATERIALIZED (" OBX_SQL_CLAIM_STATES_BLOCK                            \
