@@ -38,7 +38,7 @@ all: tools/obx-kafka-mock obx-sql-only.sql obx-relay
 # obx-relay, the relay as a daemon (src/daemon/): libpq and librdkafka, the
 # protocol's statements and Kafka error classes shared with the extension.
 OBX_RELAY_SRCS = $(addprefix src/daemon/,obx_relay.c settings.c process.c relay.c database.c claim.c outbox.c \
-	producer.c check.c consume.c daemon.c) src/protocol/kafka_errors.c
+	producer.c check.c consume.c inbox.c held.c daemon.c) src/protocol/kafka_errors.c
 obx-relay: $(OBX_RELAY_SRCS) $(wildcard src/protocol/*.h src/daemon/*.h)
 	$(CC) -std=gnu99 -O2 -g -Wall -Wextra -Wmissing-prototypes -Werror \
 		-I$(srcdir)/src/protocol -I$(shell $(PG_CONFIG) --includedir) \

@@ -4,76 +4,39 @@
  *	  obx-relay's consumer: the subscriptions of its databases that the
  *	  setting "subscriptions" names ("*": all), each read by a librdkafka
  *	  consumer in the group the consumer workers use (the subscription's
- *	  name) and applied one message per transaction by obx._consume
- *	  (obx--1.0--1.1.sql) over a connection of its own.
- *
- * The order of a message's steps is what the guarantees rest on:
- *
- *	  poll (no transaction open) -> SELECT obx._consume(...) (one implicit
- *	  transaction: mark, handler, dead letter, progress; committed with
- *	  synchronous_commit = on) -> only after it returned: store the offset
- *	  past the message (enable.auto.offset.store = false; auto-commit sends
- *	  it)
- *
- * A message whose call failed (the connection broke, obx's statements
- * failed), whose handler failed transiently ("retry") or whose
- * subscription cannot be served now ("refused") holds its partition: it
- * is paused and sought back to that message, and resumed after a backoff
- * (backoff_min doubling up to backoff_max), so no later message of the
- * partition overtakes it.  The rules are docs/consumers.md's, "Consuming
- * with obx-relay".
- *
- * One connection per subscription: a handler runs in the daemon's session
- * (as its owner, through SECURITY DEFINER), and a SET it makes lasts for
- * the session; only its own subscription can meet it there.
+ *	  name), its messages applied one per transaction (inbox.c) over a
+ *	  connection of its own.  The subscriptions are read again every
+ *	  second, on a session per database, and served in turns.  It runs in
+ *	  the consumer process (process.c).
  *
  *-------------------------------------------------------------------------
  */
-#include <arpa/inet.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
 
 #include "consume.h"
 #include "daemon.h"
+#include "held.h"
+#include "inbox.h"
 #include "protocol.h"
 #include "settings.h"
+#include "subscription.h"
 
 /* Messages applied per subscription before the next one gets a turn. */
 #define TURN_MESSAGES 200
 /* How often the subscriptions are read again, and the longest nap. */
 #define REFRESH_US    1000000LL
 #define POLL_US       10000LL
-#define SEEK_TIMEOUT  5000
 
-/* A partition held back on one message: paused until resume_at. */
-typedef struct Held
-{
-	char *topic;
-	int partition;
-	long long offset;
-	long long resume_at; /* 0: resumed, waiting for the message */
-	int attempts;
-	int handler_failures;
-	struct Held *next;
-} Held;
-
-typedef struct Sub
-{
-	int db;
-	char *name;
-	char *signature; /* what the consumer was built from */
-	int timeout_ms;  /* handler_timeout_ms: the session's statement_timeout */
-	rd_kafka_t *rk;
-	PGconn *conn;
-	long long retry_at; /* when to try to connect or build again */
-	Held *held;
-	long long refused_logged_at; /* a refusal is logged once a minute */
-	bool listed;
-	struct Sub *next;
-} Sub;
-
+/*
+ * The subscriptions consumed and, per database, the session that lists
+ * them, with the logical replica check's answer.
+ */
 static Sub *subs = NULL;
 static PGconn *control[MAX_DATABASES];
 static long long control_retry_at[MAX_DATABASES];
@@ -93,13 +56,7 @@ static const char *list_sql =
 	"       coalesce(s.options OPERATOR(pg_catalog.->>) 'handler_timeout_ms', '30000')"
 	"  FROM obx.subscriptions s ORDER BY 1";
 
-static const char *consume_sql =
-	"SELECT c.result, c.error FROM obx._consume($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) c";
-
-static const Oid consume_types[11] = {TEXTOID, TEXTOID, INT4OID, INT8OID, TEXTOID,
-									  TEXTARRAYOID, TEXTARRAYOID, BYTEAOID, TIMESTAMPTZOID,
-									  INT4OID, INT4OID};
-
+/* Whether the settings name subscriptions: the consumer process runs only then. */
 bool
 obx_consume_enabled(void)
 {
@@ -178,412 +135,15 @@ obx_consume_check(PGconn *conn)
 	return ok;
 }
 
-/* ---------------------------------------------------------------------
- * Held partitions (src/consumer/held.c)
- * --------------------------------------------------------------------- */
-
-static Held *
-held_find(Sub *s, const char *topic, int partition)
-{
-	Held *h;
-
-	for (h = s->held; h != NULL; h = h->next)
-		if (h->partition == partition && strcmp(h->topic, topic) == 0)
-			return h;
-	return NULL;
-}
-
-static void
-held_release(Sub *s, Held *h)
-{
-	Held **p;
-
-	for (p = &s->held; *p != NULL; p = &(*p)->next)
-		if (*p == h)
-		{
-			*p = h->next;
-			free(h->topic);
-			free(h);
-			return;
-		}
-}
-
-static rd_kafka_topic_partition_list_t *
-one_partition(const char *topic, int partition, long long offset)
-{
-	rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(1);
-
-	rd_kafka_topic_partition_list_add(list, topic, partition)->offset = offset;
-	return list;
-}
-
-/* Stop fetching the partition; its next message is the held one. */
-static void
-hold_back(Sub *s, Held *h)
-{
-	rd_kafka_topic_partition_list_t *list = one_partition(h->topic, h->partition, h->offset);
-	rd_kafka_error_t *error;
-
-	rd_kafka_pause_partitions(s->rk, list);
-	error = rd_kafka_seek_partitions(s->rk, list, SEEK_TIMEOUT);
-	if (error != NULL)
-	{
-		/* No longer ours: whoever gets it starts at or before this message. */
-		obx_say("LOG", "consumer group \"%s\": could not seek topic \"%s\" partition %d to offset %lld: %s",
-				s->name, h->topic, h->partition, h->offset, rd_kafka_error_string(error));
-		rd_kafka_error_destroy(error);
-	}
-	rd_kafka_topic_partition_list_destroy(list);
-}
-
-/* Hold the message's partition back for a backoff. */
-static void
-hold(Sub *s, const rd_kafka_message_t *m, bool by_handler)
-{
-	const char *topic = rd_kafka_topic_name(m->rkt);
-	Held *h = held_find(s, topic, m->partition);
-	long long ms = obx_config.backoff_min_ms;
-	int i;
-
-	if (h == NULL)
-	{
-		h = obx_xcalloc(1, sizeof(Held));
-		h->topic = obx_xstrdup(topic);
-		h->partition = m->partition;
-		h->next = s->held;
-		s->held = h;
-	}
-	if (h->offset != m->offset)
-		h->attempts = h->handler_failures = 0;
-	h->offset = m->offset;
-	h->attempts++;
-	h->handler_failures += by_handler;
-	for (i = 1; i < h->attempts && ms < obx_config.backoff_max_ms; i++)
-		ms *= 2;
-	if (ms > obx_config.backoff_max_ms)
-		ms = obx_config.backoff_max_ms;
-	hold_back(s, h);
-	h->resume_at = obx_now_us() + ms * 1000;
-}
-
-static void
-resume_due(Sub *s)
-{
-	long long now = obx_now_us();
-	Held *h;
-
-	for (h = s->held; h != NULL; h = h->next)
-	{
-		rd_kafka_topic_partition_list_t *list;
-
-		if (h->resume_at == 0 || now < h->resume_at)
-			continue;
-		h->resume_at = 0;
-		list = one_partition(h->topic, h->partition, h->offset);
-		rd_kafka_resume_partitions(s->rk, list);
-		rd_kafka_topic_partition_list_destroy(list);
-	}
-}
-
 /*
- * Whether to apply a polled message: not while its partition waits, nor
- * one past the held message (fetched before the seek; every message before
- * the held one was applied, so dropping it loses nothing).
+ * Close the subscription's consumer (leaving its group) and its session,
+ * and forget its held partitions; the subscription stays listed.
  */
-static bool
-take(Sub *s, const rd_kafka_message_t *m)
-{
-	Held *h = held_find(s, rd_kafka_topic_name(m->rkt), m->partition);
-
-	if (h == NULL)
-		return true;
-	if (h->resume_at != 0 || m->offset > h->offset)
-	{
-		if (h->resume_at == 0)
-		{
-			hold_back(s, h);
-			h->resume_at = obx_now_us();
-		}
-		return false;
-	}
-	return true;
-}
-
-/* ---------------------------------------------------------------------
- * One message
- * --------------------------------------------------------------------- */
-
-/* Whether len bytes are valid UTF-8 without a zero byte (pg_verifymbstr). */
-static bool
-valid_utf8(const unsigned char *p, size_t len)
-{
-	size_t i = 0;
-
-	while (i < len)
-	{
-		unsigned char c = p[i];
-		int n;
-		unsigned int cp;
-		int k;
-
-		if (c == 0)
-			return false;
-		if (c < 0x80)
-		{
-			i++;
-			continue;
-		}
-		if ((c & 0xE0) == 0xC0)
-			n = 1, cp = c & 0x1F;
-		else if ((c & 0xF0) == 0xE0)
-			n = 2, cp = c & 0x0F;
-		else if ((c & 0xF8) == 0xF0)
-			n = 3, cp = c & 0x07;
-		else
-			return false;
-		if (i + n >= len)
-			return false;
-		for (k = 1; k <= n; k++)
-		{
-			if ((p[i + k] & 0xC0) != 0x80)
-				return false;
-			cp = (cp << 6) | (p[i + k] & 0x3F);
-		}
-		if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-			cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-			return false;
-		i += n + 1;
-	}
-	return true;
-}
-
-/*
- * A key or header value as the handler gets it (src/consumer/inbound.c,
- * as_text): itself when valid UTF-8, else "\x" and its bytes in hex.
- * Malloc'd.
- */
-static char *
-as_text(const void *data, size_t len)
-{
-	const unsigned char *p = data;
-	char *out;
-	size_t i;
-
-	if (valid_utf8(p, len))
-	{
-		out = obx_xcalloc(len + 1, 1);
-		memcpy(out, p, len);
-		return out;
-	}
-	out = obx_xcalloc(2 * len + 3, 1);
-	strcpy(out, "\\x");
-	for (i = 0; i < len; i++)
-		sprintf(out + 2 + 2 * i, "%02x", p[i]);
-	return out;
-}
-
-/* The message's headers as two text[] parameters, in binary. */
-static void
-header_arrays(const rd_kafka_message_t *m, Buf *names, Buf *values)
-{
-	rd_kafka_headers_t *hdrs = NULL;
-	size_t n = 0;
-	size_t i;
-
-	if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR)
-		n = rd_kafka_header_cnt(hdrs);
-	obx_array_start(names, TEXTOID, (int) n);
-	obx_array_start(values, TEXTOID, (int) n);
-	for (i = 0; i < n; i++)
-	{
-		const char *name;
-		const void *val;
-		size_t size;
-		char *text;
-
-		rd_kafka_header_get_all(hdrs, i, &name, &val, &size);
-		text = as_text(name, strlen(name));
-		obx_array_item(names, text, strlen(text));
-		free(text);
-		if (val == NULL)
-			obx_buf_be32(values, (uint32_t) -1); /* a null element */
-		else
-		{
-			text = as_text(val, size);
-			obx_array_item(values, text, strlen(text));
-			free(text);
-		}
-	}
-}
-
-/*
- * Whether a call failed by the session's statement_timeout, the
- * subscription's handler_timeout_ms: cancelled (57014) once that long had
- * passed.  A cancel before it (pg_cancel_backend) is transient.
- */
-static bool
-timed_out_call(Sub *s, const PGresult *res, long long started)
-{
-	const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-
-	return s->timeout_ms > 0 && PQresultStatus(res) == PGRES_FATAL_ERROR && code != NULL &&
-		   strcmp(code, "57014") == 0 && PQstatus(s->conn) == CONNECTION_OK &&
-		   obx_now_us() - started >= (long long) s->timeout_ms * 1000;
-}
-
-/*
- * Apply the message in a transaction of its own: obx._consume's result
- * ("processed", "duplicate", "dead letter", "retry", "refused"), or NULL
- * when the call failed (said why).  *error gets its error (malloc'd).
- */
-static char *
-apply(Sub *s, const rd_kafka_message_t *m, int handler_failures, char **error)
-{
-	char partition[16], offset[24], failures[16], timed_out[16], stamp[48];
-	char *key = m->key != NULL ? as_text(m->key, m->key_len) : NULL;
-	Buf names = {0}, values = {0};
-	const char *params[11];
-	int lengths[11] = {0};
-	int formats[11] = {0};
-	long long started;
-	rd_kafka_timestamp_type_t tstype;
-	long long ts = rd_kafka_message_timestamp(m, &tstype);
-	PGresult *res;
-	char *result = NULL;
-
-	header_arrays(m, &names, &values);
-	snprintf(partition, sizeof(partition), "%d", (int) m->partition);
-	snprintf(offset, sizeof(offset), "%lld", (long long) m->offset);
-	snprintf(failures, sizeof(failures), "%d", handler_failures);
-	if (ts >= 0)
-	{
-		time_t secs = (time_t) (ts / 1000);
-		struct tm tm;
-
-		gmtime_r(&secs, &tm);
-		strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &tm);
-		snprintf(stamp + strlen(stamp), sizeof(stamp) - strlen(stamp), ".%03d+00",
-				 (int) (ts % 1000));
-	}
-	params[0] = s->name;
-	params[1] = rd_kafka_topic_name(m->rkt);
-	params[2] = partition;
-	params[3] = offset;
-	params[4] = key;
-	params[5] = names.data;
-	lengths[5] = (int) names.len;
-	formats[5] = 1;
-	params[6] = values.data;
-	lengths[6] = (int) values.len;
-	formats[6] = 1;
-	params[7] = m->payload;
-	lengths[7] = (int) m->len;
-	formats[7] = 1;
-	params[8] = ts >= 0 ? stamp : NULL;
-	params[9] = failures;
-	params[10] = "0";
-	started = obx_now_us();
-	res = PQexecPrepared(s->conn, "obx_consume", 11, params, lengths, formats, 0);
-	if (timed_out_call(s, res, started))
-	{
-		/* Past handler_timeout_ms: dead-lettered without a call (handler.c). */
-		PQclear(res);
-		snprintf(timed_out, sizeof(timed_out), "%d", s->timeout_ms);
-		params[10] = timed_out;
-		res = PQexecPrepared(s->conn, "obx_consume", 11, params, lengths, formats, 0);
-	}
-	*error = NULL;
-	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
-	{
-		result = obx_xstrdup(PQgetvalue(res, 0, 0));
-		if (!PQgetisnull(res, 0, 1))
-			*error = obx_xstrdup(PQgetvalue(res, 0, 1));
-	}
-	else
-		obx_say("WARNING", "consumer group \"%s\", topic \"%s\", partition %d, offset %lld: obx._consume failed: %s",
-				s->name, params[1], (int) m->partition, (long long) m->offset,
-				PQresultErrorMessage(res));
-	PQclear(res);
-	free(key);
-	free(names.data);
-	free(values.data);
-	return result;
-}
-
-/* The offset past the message, for auto-commit: only after its commit. */
-static void
-store_offset(Sub *s, const rd_kafka_message_t *m)
-{
-	rd_kafka_topic_partition_list_t *list =
-		one_partition(rd_kafka_topic_name(m->rkt), m->partition, m->offset + 1);
-	rd_kafka_resp_err_t err = rd_kafka_offsets_store(s->rk, list);
-
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-		obx_say("LOG", "consumer group \"%s\": offset of topic \"%s\" partition %d not stored: %s",
-				s->name, rd_kafka_topic_name(m->rkt), (int) m->partition, rd_kafka_err2str(err));
-	rd_kafka_topic_partition_list_destroy(list);
-}
-
-/*
- * One polled message: applied and its offset stored, or its partition
- * held.  False when the subscription's session broke (dropped: a new one
- * is made in a second).
- */
-static bool
-serve_message(Sub *s, const rd_kafka_message_t *m)
-{
-	const char *topic = rd_kafka_topic_name(m->rkt);
-	Held *h;
-	char *error = NULL;
-	char *result;
-
-	if (!take(s, m))
-		return true;
-	h = held_find(s, topic, m->partition);
-	result = apply(s, m, h != NULL && h->offset == m->offset ? h->handler_failures : 0, &error);
-	if (result == NULL)
-	{
-		hold(s, m, false);
-		if (PQstatus(s->conn) != CONNECTION_OK)
-			return false;
-	}
-	else if (strcmp(result, "retry") == 0 || strcmp(result, "refused") == 0)
-	{
-		bool by_handler = strcmp(result, "retry") == 0;
-
-		if (by_handler || obx_now_us() - s->refused_logged_at >= 60000000LL)
-			obx_say(by_handler ? "LOG" : "ERROR",
-					"consumer group \"%s\", topic \"%s\", partition %d, offset %lld: %s (the partition waits, then tries again)",
-					s->name, topic, (int) m->partition, (long long) m->offset,
-					error ? error : result);
-		if (!by_handler && obx_now_us() - s->refused_logged_at >= 60000000LL)
-			s->refused_logged_at = obx_now_us();
-		hold(s, m, by_handler);
-	}
-	else
-	{
-		if (strcmp(result, "dead letter") == 0)
-			obx_say("WARNING", "consumer group \"%s\", topic \"%s\", partition %d, offset %lld: message dead-lettered: %s",
-					s->name, topic, (int) m->partition, (long long) m->offset,
-					error ? error : "");
-		store_offset(s, m);
-		if (h != NULL && h->offset <= m->offset)
-			held_release(s, h);
-	}
-	free(result);
-	free(error);
-	return true;
-}
-
-/* ---------------------------------------------------------------------
- * Subscriptions and their consumers
- * --------------------------------------------------------------------- */
-
 static void
 sub_close(Sub *s)
 {
 	while (s->held != NULL)
-		held_release(s, s->held);
+		obx_held_release(s, s->held);
 	if (s->rk != NULL)
 	{
 		/* Leaves the group, committing the offsets stored. */
@@ -671,47 +231,6 @@ sub_build(Sub *s, const char *topics, const char *start, const char *kafka)
 		return false;
 	}
 	rd_kafka_topic_partition_list_destroy(list);
-	return true;
-}
-
-/* The subscription's session, with obx._consume prepared. */
-static bool
-sub_connect(Sub *s)
-{
-	PGresult *res;
-
-	if (s->conn != NULL)
-		return true;
-	if (obx_now_us() < s->retry_at)
-		return false;
-	s->retry_at = obx_now_us() + 1000000;
-	s->conn = obx_session_open(obx_config.databases[s->db], "obx-relay consumer", s->name);
-	if (s->conn == NULL)
-		return false;
-	res = PQprepare(s->conn, "obx_consume", consume_sql, 11, consume_types);
-	if (PQresultStatus(res) != PGRES_COMMAND_OK)
-	{
-		obx_say("ERROR", "consumer group \"%s\": could not prepare obx._consume: %s",
-				s->name, PQresultErrorMessage(res));
-		PQclear(res);
-		PQfinish(s->conn);
-		s->conn = NULL;
-		s->retry_at = obx_now_us() + 5000000;
-		return false;
-	}
-	PQclear(res);
-	{
-		char ms[16];
-		const char *params[1] = {ms};
-
-		snprintf(ms, sizeof(ms), "%d", s->timeout_ms);
-		res = PQexecParams(s->conn, "SELECT pg_catalog.set_config('statement_timeout', $1, false)",
-						   1, NULL, params, NULL, NULL, 0);
-		if (PQresultStatus(res) != PGRES_TUPLES_OK)
-			obx_say("ERROR", "consumer group \"%s\": could not set its handler timeout: %s",
-					s->name, PQresultErrorMessage(res));
-		PQclear(res);
-	}
 	return true;
 }
 
@@ -932,9 +451,9 @@ serve_sub(Sub *s)
 {
 	int n;
 
-	if (s->rk == NULL || !sub_connect(s))
+	if (s->rk == NULL || !obx_inbox_connect(s))
 		return;
-	resume_due(s);
+	obx_held_resume_due(s);
 	for (n = 0; n < TURN_MESSAGES; n++)
 	{
 		rd_kafka_message_t *m = rd_kafka_consumer_poll(s->rk, 0);
@@ -948,7 +467,7 @@ serve_sub(Sub *s)
 			rd_kafka_message_destroy(m);
 			continue;
 		}
-		ok = serve_message(s, m);
+		ok = obx_inbox_serve(s, m);
 		rd_kafka_message_destroy(m);
 		if (!ok)
 		{
