@@ -4,17 +4,24 @@
 #     docs/configuration.md with its default and context, and a section;
 #   - every function and view of schema obx a user may call (not obx._*)
 #     is named in docs/sql.md;
-#   - the reader of status of docs/security.md, the role
-#     docs/monitoring.md gives the exporter, created with the SQL the doc
-#     gives, runs every query of monitoring/obx-queries.yaml;
+#   - the exporter's role: docs/monitoring.md names one role throughout,
+#     which, created as it says (security.md's reader of status under that
+#     name), runs every query of monitoring/obx-queries.yaml and the checks
+#     by hand; the docs name one queries file, which exists, and one path
+#     the exporter reads it from;
 #   - every source file of src/ is in docs/internals.md's file map;
-#   - every relative link of the README and docs/*.md names a file that
-#     exists, and a heading of it when it has an anchor.
+#   - the versions the README, docs/*.md and CHANGELOG.md name (package
+#     files, the PGXN zip, ALTER EXTENSION ... UPDATE TO, the latest
+#     release) are obx.control's, debian/changelog's and META.json's;
+#   - every relative link of the README, CHANGELOG.md and docs/*.md names
+#     a file that exists, and a heading of it when it has an anchor.
 use strict;
 use warnings;
 
 use FindBin;
+use JSON::PP;
 use lib "$FindBin::RealBin/lib";
+use ObxMetrics qw(grant_monitoring);
 use ObxTest;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -100,20 +107,57 @@ for my $object (split /\n/, $node->safe_psql('postgres', q{
 	like($sql_doc, qr/\bobx\.\Q$object\E\b/, "sql.md names obx.$object");
 }
 
-# --- the exporter's role (security.md's reader of status) against the
-# queries file (monitoring.md gives that role to the exporter) -----------
-my ($grant) = slurp('docs/security.md') =~ /^(CREATE ROLE dashboards .*?)^```/ms;
-ok($grant, "security.md gives the reader of status's role in SQL");
-$grant =~ s/ IN ROLE pg_monitor//;    # pg_monitor only shows error texts
-$node->safe_psql('postgres', $grant);
+# --- the exporter's role and queries file (monitoring.md) ----------------
+my $monitoring = slurp('docs/monitoring.md');
+my ($exporter) = $monitoring =~ /Create the exporter's role `(\w+)` as \[security\.md\]/;
+ok($exporter, "monitoring.md says how to create the exporter's role");
+$exporter //= 'obx_exporter';
+my @named = ($monitoring =~ /\buser=(\w+)/g, $monitoring =~ /^GRANT .* TO (\w+);/mg);
+cmp_ok(scalar(@named), '>=', 3, "monitoring.md's connection strings and grants name a role");
+is($_, $exporter, "monitoring.md names the exporter's role $exporter") for @named;
+# The SQL of security.md's reader of status, under the exporter's name
+# (ObxMetrics' grant_monitoring, which t/030 and t/031 use too).
+grant_monitoring($node, $exporter);
 my @queries = slurp('monitoring/obx-queries.yaml') =~ /^  query: \|\n((?:    .*\n|\s*\n)+)/mg;
 cmp_ok(scalar(@queries), '>=', 5, 'the queries file has its queries');
 for my $q (@queries)
 {
-	my ($ret, $out, $err) = $node->psql('postgres', "SET ROLE dashboards;\n$q");
+	my ($ret, $out, $err) = $node->psql('postgres', "SET ROLE $exporter;\n$q");
 	my ($first) = $q =~ /(\S.*)/;
 	is($err, '', "the documented exporter role runs: $first");
 }
+# Checks by hand: the status queries, and the backlog function in a schema
+# monitoring that the exporter may use.
+my ($by_hand) = $monitoring =~ /^## Checks by hand\n(.*?)^## /ms;
+my @blocks = ($by_hand // '') =~ /^```sql\n(.*?)^```/msg;
+is(scalar(@blocks), 2, 'monitoring.md checks by hand in two SQL blocks');
+my ($ret, $out, $err) = $node->psql('postgres', "SET ROLE $exporter;\n" . ($blocks[0] // ''));
+is($err, '', "the exporter's role runs the checks by hand");
+$node->safe_psql('postgres', "CREATE SCHEMA monitoring; GRANT USAGE ON SCHEMA monitoring TO $exporter;");
+($ret, $out, $err) = $node->psql('postgres', $blocks[1] // '');
+is($err, '', 'the backlog function of the checks by hand is created and granted');
+($ret, $out, $err) = $node->psql('postgres',
+	"SET ROLE $exporter; SELECT * FROM monitoring.obx_backlog();");
+is($err, '', "the exporter's role reads the backlog function");
+
+# One queries file, the one t/030 serves, copied to one place the
+# exporter is pointed at.
+my @docs = ('README.md', 'CHANGELOG.md', map { "docs/$_" } grep { /\.md$/ }
+	  do { opendir(my $d, "$root/docs") or die; readdir $d });
+my ($source, $installed) = $monitoring =~ /^\d\. `cp (\S+) (\S+)`/m;
+is($source, 'monitoring/obx-queries.yaml', 'monitoring.md copies the queries file of the tree');
+ok(-f "$root/$source", "$source exists") if $source;
+my $query_paths = 0;
+for my $file (@docs, glob("$root/monitoring/*.yaml"))
+{
+	(my $name = $file) =~ s{^\Q$root\E/}{};
+	for my $path (slurp($name) =~ /--extend\.query-path=([^\s"']+)/g)
+	{
+		$query_paths++;
+		is($path, $installed, "$name points the exporter at the copy monitoring.md makes");
+	}
+}
+cmp_ok($query_paths, '>=', 2, 'the docs point the exporter at the queries file');
 
 # --- internals.md's file map ---------------------------------------------
 my $internals = slurp('docs/internals.md');
@@ -123,6 +167,59 @@ for my $c (@sources)
 {
 	like($internals, qr/^\| `\Q$c\E` \|/m, "internals.md's file map has src/$c");
 }
+
+# --- versions ------------------------------------------------------------
+# The extension's version (1.1), the Debian package's (1.1, a native
+# package: no revision) and PGXN's (1.1.0) agree (as test/meta-check also
+# checks), and every version the docs name where they mean the current one
+# is one of them.
+my ($ext) = slurp('obx.control') =~ /^default_version = '([^']+)'/m;
+my $changelog = slurp('debian/changelog');
+my @deb_releases = $changelog =~ /^obx \(([^)]+)\) /mg;
+my @deb_dates = $changelog =~ /^ -- .*>  \w+, (\d+ \w+ \d+) /mg;
+my $deb = $deb_releases[0];
+my $pgxn = decode_json(slurp('META.json'))->{version};
+ok($ext, "obx.control's default_version is $ext");
+is($deb, $ext, "debian/changelog's latest version is obx.control's");
+is($pgxn, join('.', (split /\./, "$ext.0.0")[0 .. 2]), "META.json's version is obx.control's");
+
+my %meant = (
+	'a package file (postgresql-NN-obx_V_arch.deb)' => [ qr/\bpostgresql-\d+-obx_([^_\s]+)_/, $deb ],
+	'a package file (obx-relay_V_arch.deb)' => [ qr/\bobx-relay_([^_\s]+)_/, $deb ],
+	'the PGXN zip (obx-V.zip)' => [ qr/\bobx-(\d[\w.]*)\.zip\b/, $pgxn ],
+	'ALTER EXTENSION ... UPDATE TO' => [ qr/UPDATE\s+TO\s+'?([\d.]+)/, $ext ],
+	'extension and distribution versions' => [ qr/Extension `([\d.]+)` is distribution/, $ext ],
+	'the distribution of the extension' => [ qr/is distribution\s+`([\d.]+)`/, $pgxn ],
+	"the Laravel package's version" => [ qr/`([\d.]+)` for the extension's `/, $pgxn ],
+	"the Laravel package's extension version" => [ qr/for the extension's `([\d.]+)`/, $ext ]);
+my $versions = 0;
+for my $doc (sort @docs)
+{
+	my $text = slurp($doc);
+	for my $what (sort keys %meant)
+	{
+		my ($re, $want) = @{ $meant{$what} };
+		for my $v ($text =~ /$re/g)
+		{
+			$versions++;
+			is($v, $want, "$doc: $what names version $want");
+		}
+	}
+}
+cmp_ok($versions, '>=', 6, "the docs' versions were read ($versions)");
+
+# CHANGELOG.md: "## Unreleased" first, then the releases of
+# debian/changelog, newest first, with its dates.
+my @sections = slurp('CHANGELOG.md') =~ /^## (.*?)\s*$/mg;
+is(shift(@sections), 'Unreleased', 'CHANGELOG.md begins with what is unreleased');
+my %month = (Jan => 1, Feb => 2, Mar => 3, Apr => 4, May => 5, Jun => 6, Jul => 7,
+	Aug => 8, Sep => 9, Oct => 10, Nov => 11, Dec => 12);
+my @released = map {
+	my ($d, $m, $y) = split / /, $deb_dates[$_];
+	sprintf('%s (%04d-%02d-%02d)', $deb_releases[$_], $y, $month{$m}, $d)
+} 0 .. $#deb_releases;
+is_deeply(\@sections, \@released,
+	"CHANGELOG.md's releases are debian/changelog's, the latest $ext");
 
 # --- links ---------------------------------------------------------------
 # GitHub's anchor of a heading: lower case, punctuation but - and _ dropped,
@@ -143,8 +240,6 @@ sub anchors
 	return \%anchors;
 }
 
-my @docs = ('README.md', map { "docs/$_" } grep { /\.md$/ }
-	  do { opendir(my $d, "$root/docs") or die; readdir $d });
 my $links = 0;
 for my $doc (sort @docs)
 {
