@@ -6,7 +6,9 @@
 #
 # Proves, on the Kafka stand-in:
 # - --check says what is wrong: a role without the grants fails it, the
-#   relay's role passes;
+#   relay's role passes; a settings file that holds the password and that
+#   group or others may read is refused, and so is a relay_id among the
+#   in-database workers' numbers (which release their number's leases);
 # - rollback: no rolled-back event (a whole transaction, or a savepoint)
 #   reaches Kafka, every committed one does;
 # - concurrent producers and the late committer: pgbench transactions
@@ -76,6 +78,15 @@ is($status, 0, '--check passes for the relay role') or diag($out);
 like($out, qr/role "relay" holds every grant the relay needs/, '--check reports the grants');
 like($out, qr/brokers .* answer/, '--check reached the brokers');
 unlike($out, qr/superuser/, '--check: the relay role is not a superuser');
+chmod(0644, $config) or die "chmod $config: $!";
+($status, $out) = relay_check($config);
+isnt($status, 0, '--check refuses a settings file that holds a password and others may read');
+like($out, qr/settings file ".*" holds a password and has group or world access/,
+	'--check says why the settings file is refused');
+chmod(0600, $config) or die "chmod $config: $!";
+($status, $out) = relay_check(relay_config($node, $mock, $dir, relay_id => 31));
+isnt($status, 0, '--check refuses relay_id 31, an in-database worker\'s number');
+like($out, qr/setting relay_id must be a whole number from 32 to/, '--check names the range of relay_id');
 
 # Hostile defaults for the daemon's sessions: read-only transactions,
 # serializable, timeouts of a millisecond, and a search_path that puts a

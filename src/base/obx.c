@@ -26,6 +26,7 @@
 #include "utils/varlena.h"
 
 #include "obx.h"
+#include "protocol.h"
 #include "compat.h"
 #include "drop_guard.h"
 #include "latency.h"
@@ -70,6 +71,9 @@ ObxShared *obx_shared = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 void _PG_init(void);
+
+StaticAssertDecl(OBX_MAX_WORKERS <= OBX_FIRST_DAEMON_OWNER,
+				 "in-database relay workers must be numbered below obx-relay's relay_id");
 static void obx_shmem_request(void);
 static void obx_shmem_startup(void);
 static void define_gucs(void);

@@ -13,8 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "daemon.h"
+#include "protocol.h"
 #include "settings.h"
 
 Config obx_config;
@@ -118,7 +121,7 @@ config_set(Config *c, const char *name, const char *value)
 	INT_SETTING("backoff_min", backoff_min_ms, 1, 3600000);
 	INT_SETTING("backoff_max", backoff_max_ms, 1, 86400000);
 	INT_SETTING("retention", retention_s, 0, 365 * 24 * 3600);
-	INT_SETTING("relay_id", relay_id, 0, 1000000);
+	INT_SETTING("relay_id", relay_id, OBX_FIRST_DAEMON_OWNER, 1000000);
 #undef INT_SETTING
 	obx_say("ERROR", "unknown setting \"%s\"", name);
 	return false;
@@ -138,6 +141,54 @@ trim(char *s)
 }
 
 /*
+ * Whether a setting holds a secret: a password in the connection string
+ * (the keyword, or user:password@ in a URI), or a Kafka credential.
+ */
+static bool
+holds_secret(const char *name, const char *value)
+{
+	if (strcmp(name, "database") == 0)
+	{
+		const char *scheme = strstr(value, "://");
+		const char *at = scheme ? strchr(scheme + 3, '@') : NULL;
+		const char *colon = scheme ? strchr(scheme + 3, ':') : NULL;
+
+		return strstr(value, "password") != NULL || (at != NULL && colon != NULL && colon < at);
+	}
+	return strncmp(name, "kafka.", 6) == 0 &&
+		   (strstr(name, "password") != NULL || strstr(name, "secret") != NULL ||
+			strstr(name, "jaas") != NULL || strstr(name, "key.pem") != NULL);
+}
+
+/*
+ * A settings file that holds a secret must be no more open than a
+ * PostgreSQL key file (and obx.kafka_properties_file): u=rw (0600) or less
+ * when the daemon's user owns it, u=rw,g=r (0640) or less when root does.
+ */
+static bool
+secret_file_closed(FILE *f, const char *path)
+{
+	struct stat st;
+
+	if (fstat(fileno(f), &st) != 0)
+	{
+		obx_say("ERROR", "could not stat settings file \"%s\": %s", path, strerror(errno));
+		return false;
+	}
+	if ((st.st_uid == geteuid() && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) ||
+		(st.st_uid == 0 && (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO)) != 0) ||
+		(st.st_uid != geteuid() && st.st_uid != 0))
+	{
+		obx_say("ERROR", "settings file \"%s\" holds a password and has group or world access, "
+						 "or another owner: it must be u=rw (0600) or less if owned by the user obx-relay "
+						 "runs as, u=rw,g=r (0640) or less if owned by root",
+				path);
+		return false;
+	}
+	return true;
+}
+
+/*
  * Read the settings: the file (lines "name = value"; # starts a comment
  * line; a value may be in single quotes), then the environment.
  */
@@ -154,6 +205,7 @@ config_load(Config *c, const char *path)
 		FILE *f = fopen(path, "r");
 		char line[8192];
 		int lineno = 0;
+		bool secret = false;
 
 		if (f == NULL)
 		{
@@ -186,8 +238,11 @@ config_load(Config *c, const char *path)
 				value[len - 1] = '\0';
 				value++;
 			}
+			secret |= holds_secret(name, value);
 			ok &= config_set(c, name, value);
 		}
+		if (secret && !secret_file_closed(f, path))
+			ok = false;
 		fclose(f);
 	}
 	for (env = environ; *env != NULL; env++)

@@ -27,6 +27,15 @@
 #define OBX_CLAIM_LOCK_OBJECT 1
 
 /*
+ * A lease's owner (obx.claims.owner): the in-database relay workers are
+ * numbered from 0 to OBX_MAX_WORKERS - 1 (src/base/obx.h; obx.c asserts
+ * that they stay below this), and each releases the live leases of its
+ * number when it starts, since they are a dead predecessor's.  obx-relay's
+ * relay_id starts here, so that no worker ever releases a daemon's leases.
+ */
+#define OBX_FIRST_DAEMON_OWNER 32
+
+/*
  * What a claim reads first, once it holds the claim lock (obx_claim_lock):
  * the tick it starts from (the latest claim's floor, snapshot and id), and
  * its own lease id, drawn under the lock.  The tick's id is the latest

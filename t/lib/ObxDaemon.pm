@@ -58,7 +58,8 @@ sub sql_only_node
 
 # relay_config($node, $broker, $dir, %settings): write an obx-relay settings
 # file in $dir for $node's database "postgres" (as role relay, over TCP
-# with its SCRAM password) and the broker; returns its path.  Settings
+# with its SCRAM password) and the broker, readable by its owner only;
+# returns its path.  Settings
 # user and password name another role; path, the file to write.
 sub relay_config
 {
@@ -81,6 +82,8 @@ sub relay_config
 	  $node->port, $user, $password;
 	print $fh "$_ = $all{$_}\n" for sort keys %all;
 	close $fh;
+	# It holds the role's password: obx-relay refuses it open to others.
+	chmod(0600, $path) or die "cannot chmod $path: $!";
 	return $path;
 }
 
