@@ -2,7 +2,9 @@
 # dedupe history and the dead letters, so it is refused while events wait
 # for Kafka or dead letters wait for a replay, and the events are still
 # there afterwards.  obx.drop_unpublished (superusers only) lets it through;
-# with nothing waiting it needs no override.
+# with nothing waiting it needs no override.  Then the roles go as
+# docs/operations.md ("Removing obx") says, also after a subscriber granted
+# obx_handler_caller what docs/consumers.md tells them to.
 use strict;
 use warnings;
 
@@ -51,7 +53,24 @@ $node->safe_psql('postgres', q{
 like($err, qr/ERROR:  cannot drop extension obx: 0 events are not published and 1 dead letters are not replayed/,
 	'a dead letter not replayed holds the drop back');
 $node->safe_psql('postgres', 'UPDATE obx.dead_letters SET replayed_at = now()');
+$node->safe_psql('postgres', q{
+	CREATE SCHEMA inventory;
+	CREATE FUNCTION inventory.reserve() RETURNS void LANGUAGE sql AS 'SELECT';
+	GRANT USAGE ON SCHEMA inventory TO obx_handler_caller;
+	GRANT EXECUTE ON FUNCTION inventory.reserve() TO obx_handler_caller;});
 ($ret, $out, $err) = $node->psql('postgres', 'DROP EXTENSION obx');
 is($ret, 0, 'with nothing waiting, DROP EXTENSION obx needs no override');
+($ret, $out, $err) = $node->psql('postgres', 'DROP SCHEMA obx');
+is($ret, 0, 'the schema obx is left empty, and goes') or diag($err);
+($ret, $out, $err) = $node->psql('postgres', 'DROP ROLE obx_worker, obx_handler_caller');
+like($err, qr/role "obx_handler_caller" cannot be dropped because some objects depend on it/,
+	'DROP ROLE alone is refused while a subscriber\'s grant names obx_handler_caller');
+($ret, $out, $err) = $node->psql('postgres',
+	'DROP OWNED BY obx_worker, obx_handler_caller; DROP ROLE obx_worker, obx_handler_caller');
+is($ret, 0, 'DROP OWNED BY, then DROP ROLE, removes the roles') or diag($err);
+is($node->safe_psql('postgres', q{SELECT count(*) FROM pg_roles
+	WHERE rolname IN ('obx_worker', 'obx_handler_caller')}), '0', 'no obx role is left');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM pg_proc WHERE proname = \'reserve\''), '1',
+	"the subscriber's function stays");
 
 done_testing();
