@@ -14,6 +14,9 @@
 #    and on the SQL-only install (with obx-relay): other content fails with
 #    23505, the same content is a no-op, and obx.events gets no second
 #    event with that id.
+# 4. On the SQL-only install, which holds its lock on a given id to the end
+#    of the transaction, an obx.enqueue_many of more given ids than the lock
+#    table holds goes in (and again is a no-op).
 use strict;
 use warnings;
 
@@ -121,5 +124,15 @@ ok($sql->poll_query_until('postgres', q{SELECT count(*) > 0 FROM obx.claims}),
 	'SQL-only: obx-relay claims');
 held_after_truncation($sql, 'SQL-only');
 stop_relay($relay);
+
+# 4. SQL-only: an obx.enqueue_many of 20,000 given ids (more than the lock
+# table holds one lock each) goes in, and again is a no-op.
+my $many = q{SELECT cardinality(obx.enqueue_many('t.many', array_agg('k' || (i % 10)),
+	array_agg(jsonb_build_object('i', i)),
+	event_ids => array_agg(md5('many' || i)::uuid))) FROM generate_series(1, 20000) i};
+is($sql->safe_psql('postgres', $many), '20000', 'SQL-only: enqueue_many of 20,000 given ids');
+is($sql->safe_psql('postgres', $many), '20000', 'SQL-only: the same again is a no-op');
+is($sql->safe_psql('postgres', q{SELECT count(*) FROM obx.events WHERE topic = 't.many'}),
+	'20000', 'SQL-only: one event per id');
 
 done_testing();

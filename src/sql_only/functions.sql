@@ -201,7 +201,10 @@ v_bytes := set_byte(v_bytes, 6, (get_byte(v_bytes, 6) & 15) | 112);
  * up: a call that gives an id another open transaction has enqueued waits
  * for that transaction.  src/api/event_id.c holds its lock only from the
  * look-up to the insert; SQL cannot release a transaction's lock early.
+ * First the key ("obx" + 2, 0) in SHARE mode: an obx.enqueue_many of more
+ * ids than it locks one by one takes that key alone, exclusively.
  */
+PERFORM pg_advisory_xact_lock_shared(7299706, 0);
 PERFORM pg_advisory_xact_lock(7299705, hashtext(v_id::text));
 
 -- snippet check_existing
@@ -508,10 +511,20 @@ BEGIN
 		 ORDER BY e.n;
 		RETURN v_ids;
 	END IF;
-	/* The given ids locked in one order, so that two calls cannot deadlock. */
-	PERFORM pg_advisory_xact_lock(7299705, h.h)
-	   FROM (SELECT DISTINCT hashtext(x::text) AS h FROM unnest(event_ids) AS x
-			  WHERE x IS NOT NULL ORDER BY 1) AS h;
+	/*
+	 * The given ids locked as obx.enqueue locks one (lock_id), in one
+	 * order, so that two calls cannot deadlock; more than 64 of them by
+	 * one key that excludes every other call with given ids, so that a
+	 * large array does not fill the lock table.
+	 */
+	IF (SELECT count(*) FROM unnest(event_ids) AS x WHERE x IS NOT NULL) > 64 THEN
+		PERFORM pg_advisory_xact_lock(7299706, 0);
+	ELSE
+		PERFORM pg_advisory_xact_lock_shared(7299706, 0);
+		PERFORM pg_advisory_xact_lock(7299705, h.h)
+		   FROM (SELECT DISTINCT hashtext(x::text) AS h FROM unnest(event_ids) AS x
+				  WHERE x IS NOT NULL ORDER BY 1) AS h;
+	END IF;
 	WITH ins AS (
 		INSERT INTO obx.events (id, aggregate_id, topic, event_key, event_type, headers, payload)
 		SELECT e.id, coalesce(e.aggregate_id, e.event_key), v_topic, e.event_key, e.event_type,
