@@ -13,6 +13,7 @@ use RuntimeException;
 final class TestDatabase
 {
     private static ?array $config = null;
+    private static ?string $dir = null;
 
     /** The Laravel connection config of the cluster's database "postgres". */
     public static function connection(): array
@@ -41,6 +42,7 @@ final class TestDatabase
             '',
         ]), FILE_APPEND);
         self::run(["$bin/pg_ctl", '-D', "$dir/data", '-l', "$dir/postgres.log", '-w', '-t', '120', 'start']);
+        self::$dir = $dir;
         register_shutdown_function(function () use ($bin, $dir) {
             self::run(["$bin/pg_ctl", '-D', "$dir/data", '-m', 'immediate', '-w', 'stop']);
             self::run(['rm', '-rf', $dir]);
@@ -57,6 +59,17 @@ final class TestDatabase
             'prefix' => '',
             'schema' => 'public',
         ];
+    }
+
+    /**
+     * Restarts the cluster as a failover or a restart does (fast: every
+     * session is cut), and returns once it accepts connections again.
+     */
+    public static function restart(): void
+    {
+        self::connection();
+        self::run([self::bindir() . '/pg_ctl', '-D', self::$dir . '/data', '-l', self::$dir . '/postgres.log',
+                   '-m', 'fast', '-w', '-t', '120', 'restart']);
     }
 
     /** PostgreSQL's server binaries: PG_CONFIG's, else initdb on PATH, else Debian's 15. */

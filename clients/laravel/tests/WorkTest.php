@@ -307,6 +307,50 @@ class WorkTest extends TestCase
     }
 
     /**
+     * A database restart under a running obx:work (waiting for landings,
+     * with --sleep=60): it reconnects, LISTENs again, and a message landed
+     * after the restart runs at once; the process never exits.
+     */
+    public function testAWorkerOutlivesADatabaseRestartAndListensAgain(): void
+    {
+        $this->land([['ord_1', 1, null, null]]);
+        $proc = proc_open(['php', __DIR__ . '/Fixtures/work.php', 'obx:work', self::CONSUMER, '--sleep=60'],
+            [0 => ['file', '/dev/null', 'r'], 1 => ['file', "$this->dir/out", 'w'],
+             2 => ['file', "$this->dir/err", 'w']], $pipes, null,
+            ['OBX_WORK_TEST_DB' => json_encode(TestDatabase::connection()), 'PATH' => getenv('PATH')]);
+        try {
+            $until = microtime(true) + 30;
+            while ($this->effects() === [] && microtime(true) < $until) {
+                usleep(20000);
+            }
+            $this->assertSame(['evt-ord_1-1/1'], $this->effects(), 'the worker runs, then waits');
+            TestDatabase::restart();
+            DB::reconnect();
+            $until = microtime(true) + 30;
+            while (!str_contains((string) @file_get_contents("$this->dir/out"), 'reconnected')
+                   && microtime(true) < $until) {
+                usleep(20000);
+            }
+            $this->assertStringContainsString('reconnected', file_get_contents("$this->dir/out"),
+                'the worker reconnected: ' . file_get_contents("$this->dir/err"));
+            $landed = microtime(true);
+            $this->land([['ord_1', 2, null, null]]);
+            DB::statement('NOTIFY obx_landed_' . md5(self::CONSUMER));   // as obx._land notifies
+            while (count($this->effects()) < 2 && microtime(true) < $landed + 10) {
+                usleep(20000);
+            }
+            $this->assertSame(['evt-ord_1-1/1', 'evt-ord_1-2/1'], $this->effects(),
+                'a message landed after the restart ran within 10 s, not after --sleep=60');
+            $this->assertTrue(proc_get_status($proc)['running'], 'the worker is still running');
+        } finally {
+            if (proc_get_status($proc)['running']) {
+                posix_kill(proc_get_status($proc)['pid'], SIGTERM);
+            }
+            proc_close($proc);
+        }
+    }
+
+    /**
      * Three obx:work processes on 120 messages of 2 keys: one is killed
      * (SIGKILL) inside a listener, after writing its effect; the others
      * stop on SIGTERM once everything is done.  Every message's effect is

@@ -2,6 +2,8 @@
 
 namespace Obx\Laravel\Console;
 
+use Illuminate\Database\ConnectionInterface;
+use Illuminate\Database\DetectsLostConnections;
 use Obx\Laravel\Work\LandedMessage;
 use Obx\Laravel\Work\Worker;
 use Throwable;
@@ -16,6 +18,8 @@ use Throwable;
  */
 class WorkCommand extends ObxCommand
 {
+    use DetectsLostConnections;
+
     protected $signature = 'obx:work
         {consumer? : the consumer name (default: config obx.work.consumer)}
         {--connection= : the database connection (default: config obx.connection)}
@@ -44,10 +48,14 @@ class WorkCommand extends ObxCommand
             ? array_map('intval', explode(',', $this->option('backoff')))
             : (array) $config->get('obx.work.backoff', [1, 5, 30]);
         $db = $this->outbox()->db();
+        // The start counter's own connection, made by the database manager
+        // so that it reconnects as the main one does.
+        $starts = $db->getName() . '-obx-work-starts';
+        $this->laravel['config']->set("database.connections.$starts", ['name' => $starts] + $db->getConfig());
         $worker = new Worker(
             $this->laravel,
             $db,
-            $this->laravel['db.factory']->make($db->getConfig(), $db->getName() . '.obx-work-starts'),
+            $this->laravel['db']->connection($starts),
             $consumer,
             (array) $config->get('obx.work.listeners', []),
             (int) ($this->option('tries') ?? $config->get('obx.work.tries', 5)),
@@ -60,13 +68,26 @@ class WorkCommand extends ObxCommand
         $jobs = 0;
         $maxJobs = (int) $this->option('max-jobs');
         $maxTime = (int) $this->option('max-time');
+        $stopWhenEmpty = $this->option('stop-when-empty') || $this->option('once');
         while (!$this->quit) {
-            $ran = $worker->runNext();
+            try {
+                $ran = $worker->runNext();
+                if ($ran === null && !$stopWhenEmpty) {
+                    $worker->wait((float) $this->option('sleep'), fn () => $this->quit);
+                }
+            } catch (Throwable $e) {
+                if (!$this->causedByLostConnection($e)) {
+                    throw $e;
+                }
+                $this->warn(sprintf('[%s] lost the database connection (%s); reconnecting',
+                    date('Y-m-d H:i:s'), $e->getMessage()));
+                $this->reconnect($worker, $db);
+                continue;
+            }
             if ($ran === null) {
-                if ($this->option('stop-when-empty') || $this->option('once')) {
+                if ($stopWhenEmpty) {
                     break;
                 }
-                $worker->wait((float) $this->option('sleep'), fn () => $this->quit);
             } else {
                 $jobs++;
                 $this->report(...$ran);
@@ -80,6 +101,31 @@ class WorkCommand extends ObxCommand
             }
         }
         return 0;
+    }
+
+    /**
+     * After a lost connection (a database restart, a failover): reconnect,
+     * after 0.1 s and then twice as long each time up to 5 s, and LISTEN
+     * again, until it works or a signal stops the worker.  A message in
+     * hand was rolled back with the connection: it is claimed again.
+     */
+    private function reconnect(Worker $worker, ConnectionInterface $db): void
+    {
+        $delay = 0.1;
+        while (!$this->quit) {
+            usleep((int) ($delay * 1e6));
+            try {
+                $db->reconnect();
+                $worker->listen();
+                $this->info(sprintf('[%s] reconnected', date('Y-m-d H:i:s')));
+                return;
+            } catch (Throwable $e) {
+                if (!$this->causedByLostConnection($e) && !$e instanceof \PDOException) {
+                    throw $e;
+                }
+                $delay = min(5.0, $delay * 2);
+            }
+        }
     }
 
     private function report(LandedMessage $message, string $outcome, ?Throwable $error): void
