@@ -148,6 +148,61 @@ class WorkTest extends TestCase
         $this->assertStringContainsString('no Laravel listener for the event class', $dead[0]->error_message);
     }
 
+    /**
+     * Laravel's conventions, as queue:work keeps them: MessageProcessing
+     * before the listener, MessageProcessed after the commit,
+     * MessageFailed once a failure is recorded (retry, then dead letter),
+     * and every failure reported to the exception handler.
+     */
+    public function testFailuresAreReportedAndEachMessageFiresItsEvents(): void
+    {
+        $this->land([['ord_1', 1, null, null], ['ord_2', 1, ['fail' => 'always'], null]]);
+        $reported = new \ArrayObject();
+        $this->app->instance(\Illuminate\Contracts\Debug\ExceptionHandler::class,
+            new class($reported) implements \Illuminate\Contracts\Debug\ExceptionHandler {
+                public function __construct(private \ArrayObject $reported)
+                {
+                }
+
+                public function report(\Throwable $e)
+                {
+                    $this->reported[] = $e->getMessage();
+                }
+
+                public function shouldReport(\Throwable $e)
+                {
+                    return true;
+                }
+
+                public function render($request, \Throwable $e)
+                {
+                    throw $e;
+                }
+
+                public function renderForConsole($output, \Throwable $e)
+                {
+                }
+            });
+        $seen = [];
+        $this->app['events']->listen(\Obx\Laravel\Work\Events\MessageProcessing::class,
+            function ($e) use (&$seen) { $seen[] = "processing {$e->message->eventId}"; });
+        $this->app['events']->listen(\Obx\Laravel\Work\Events\MessageProcessed::class,
+            function ($e) use (&$seen) { $seen[] = "processed {$e->message->eventId} $e->outcome"; });
+        $this->app['events']->listen(\Obx\Laravel\Work\Events\MessageFailed::class,
+            function ($e) use (&$seen) {
+                $seen[] = "failed {$e->message->eventId} $e->outcome: {$e->exception->getMessage()}";
+            });
+        $this->artisan('obx:work', ['--stop-when-empty' => true]);
+
+        $this->assertSame([
+            'processing evt-ord_1-1', 'processed evt-ord_1-1 done',
+            'processing evt-ord_2-1', 'failed evt-ord_2-1 retry: listener refused evt-ord_2-1',
+            'processing evt-ord_2-1', 'failed evt-ord_2-1 retry: listener refused evt-ord_2-1',
+            'processing evt-ord_2-1', 'failed evt-ord_2-1 dead_letter: listener refused evt-ord_2-1',
+        ], $seen);
+        $this->assertSame(array_fill(0, 3, 'listener refused evt-ord_2-1'), $reported->getArrayCopy());
+    }
+
     public function testOnceAndMaxJobsStopEarly(): void
     {
         $this->land([['ord_1', 1, null, null], ['ord_2', 1, null, null], ['ord_3', 1, null, null]]);

@@ -3,8 +3,13 @@
 namespace Obx\Laravel\Work;
 
 use Illuminate\Contracts\Container\Container;
+use Illuminate\Contracts\Debug\ExceptionHandler;
+use Illuminate\Contracts\Events\Dispatcher;
 use Illuminate\Database\ConnectionInterface;
 use Obx\Laravel\Contracts\FromKafka;
+use Obx\Laravel\Work\Events\MessageFailed;
+use Obx\Laravel\Work\Events\MessageProcessed;
+use Obx\Laravel\Work\Events\MessageProcessing;
 use Throwable;
 
 /**
@@ -74,7 +79,7 @@ final class Worker
                 $message = LandedMessage::undecoded($row);
                 $outcome = $this->fail($message, $e);
                 $db->commit();
-                return [$message, $outcome, $e];
+                return $this->failed($message, $outcome, $e);
             }
             $level = $db->transactionLevel();
             $db->beginTransaction();                 // a savepoint: the claim's lock outlives a failure
@@ -84,18 +89,20 @@ final class Worker
                         . '(%d of %d starts ended neither in success nor in an exception)',
                         $message->attempt - 1 - (int) $row->failures, $message->attempt - 1));
                 }
+                $this->events()->dispatch(new MessageProcessing($this->consumer, $message));
                 $outcome = $this->dispatch($message);
                 while ($db->transactionLevel() > $level) {
                     $db->commit();
                 }
                 $db->selectOne('select obx.complete_landed(?, ?)', [$this->consumer, $message->id]);
                 $db->commit();
+                $this->events()->dispatch(new MessageProcessed($this->consumer, $message, $outcome));
                 return [$message, $outcome, null];
             } catch (Throwable $e) {
                 $db->rollBack($level);
                 $outcome = $this->fail($message, $e);
                 $db->commit();
-                return [$message, $outcome, $e];
+                return $this->failed($message, $outcome, $e);
             }
         } catch (Throwable $e) {
             if ($db->transactionLevel() > 0) {
@@ -180,6 +187,25 @@ final class Worker
         $listener = $this->container->make($class);
         method_exists($listener, 'handle') ? $listener->handle($message) : $listener($message);
         return self::DONE;
+    }
+
+    /**
+     * A failure recorded and committed: reported to Laravel's exception
+     * handler (as queue:work reports a job's), and MessageFailed
+     * dispatched.  Returns runNext's result for it.
+     */
+    private function failed(LandedMessage $message, string $outcome, Throwable $e): array
+    {
+        if ($this->container->bound(ExceptionHandler::class)) {
+            $this->container->make(ExceptionHandler::class)->report($e);
+        }
+        $this->events()->dispatch(new MessageFailed($this->consumer, $message, $outcome, $e));
+        return [$message, $outcome, $e];
+    }
+
+    private function events(): Dispatcher
+    {
+        return $this->container->make('events');
     }
 
     /** obx.fail_landed: a retry after the backoff, or the dead letter at the last try. */
