@@ -45,6 +45,7 @@ class ObxServiceProvider extends ServiceProvider
             Console\ReplayCommand::class,
             Console\SkipCommand::class,
             Console\WorkCommand::class,
+            Console\DeadLettersCommand::class,
         ]);
     }
 }

@@ -315,6 +315,41 @@ class Outbox
                from obx.consumers order by consumer_name');
     }
 
+    /** obx.landed_status: what waits for obx:work, per consumer. */
+    public function landedStatus(): array
+    {
+        return $this->db()->select(
+            'select consumer_name, landed, failing, backing_off,
+                    oldest_landed_age::text as oldest_landed_age
+               from obx.landed_status order by consumer_name');
+    }
+
+    /** The consumers' dead letters not replayed yet, oldest first, optionally of one consumer. */
+    public function deadLetters(?string $consumer = null): array
+    {
+        return $this->db()->select(
+            'select id, consumer_name, topic, kafka_partition, kafka_offset, event_id, error_class,
+                    left(error_message, 200) as error_message, failed_at, replay_attempts
+               from obx.dead_letters
+              where replayed_at is null and (? :: text is null or consumer_name = ?)
+              order by failed_at, id',
+            [$consumer, $consumer]);
+    }
+
+    /**
+     * obx.replay_dead_letter: applies dead letters again with their
+     * subscription's current handler (obx:work's land them again); by ids,
+     * or every one of a consumer not replayed yet.  Returns how many
+     * succeeded.
+     */
+    public function replayDeadLetters(array $ids = [], ?string $consumer = null): int
+    {
+        return $ids !== []
+            ? (int) $this->db()->selectOne('select obx.replay_dead_letter(?::bigint[]) as n',
+                ['{' . implode(',', array_map('intval', $ids)) . '}'])->n
+            : (int) $this->db()->selectOne('select obx.replay_dead_letter(?::text) as n', [$consumer])->n;
+    }
+
     /** obx.quarantine, oldest first, optionally of one topic. */
     public function quarantine(?string $topic = null): array
     {

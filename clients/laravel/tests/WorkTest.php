@@ -203,6 +203,36 @@ class WorkTest extends TestCase
         $this->assertSame(array_fill(0, 3, 'listener refused evt-ord_2-1'), $reported->getArrayCopy());
     }
 
+    /**
+     * The artisan side of consumer dead letters and the obx:work backlog:
+     * obx:status --consumers shows what waits for obx:work, obx:dead-letters
+     * lists a dead letter, and --replay lands it again for obx:work, which
+     * then applies it.
+     */
+    public function testDeadLettersAreListedAndReplayedAndTheBacklogShown(): void
+    {
+        $this->land([['ord_1', 1, ['fail' => 'once'], null], ['ord_2', 1, null, null]]);
+        [, $out] = $this->artisan('obx:status', ['--consumers' => true]);
+        $this->assertMatchesRegularExpression('/\|\s*php-shop\s*\|\s*2\s*\|/', $out,
+            'obx:status --consumers shows the 2 messages waiting for obx:work');
+        $this->artisan('obx:work', ['--stop-when-empty' => true, '--tries' => '1']);
+        $this->assertSame(['evt-ord_2-1/1'], $this->effects(), 'the failing message was dead-lettered');
+
+        [$code, $out] = $this->artisan('obx:dead-letters', ['consumer' => self::CONSUMER]);
+        $this->assertSame(0, $code);
+        $this->assertStringContainsString('evt-ord_1-1', $out);
+        $this->assertStringContainsString('listener refused evt-ord_1-1', $out);
+
+        [$code, $out] = $this->artisan('obx:dead-letters', ['consumer' => self::CONSUMER, '--replay' => true]);
+        $this->assertSame(0, $code, $out);
+        $this->assertMatchesRegularExpression('/\|\s*1\s*\|/', $out, 'one dead letter replayed');
+        $this->artisan('obx:work', ['--stop-when-empty' => true]);
+        $this->assertSame(['evt-ord_2-1/1', 'evt-ord_1-1/1'], $this->effects(),
+            'the replayed message ran once its listener no longer fails');
+        [, $out] = $this->artisan('obx:dead-letters', ['consumer' => self::CONSUMER]);
+        $this->assertStringNotContainsString('evt-ord_1-1', $out, 'a replayed dead letter is no longer listed');
+    }
+
     public function testOnceAndMaxJobsStopEarly(): void
     {
         $this->land([['ord_1', 1, null, null], ['ord_2', 1, null, null], ['ord_3', 1, null, null]]);

@@ -2,13 +2,16 @@
 
 namespace Obx\Laravel\Console;
 
-/** obx:status: the outbox per topic (obx.status) and the consumers (obx.consumers). */
+/**
+ * obx:status: the outbox per topic (obx.status), and the consumers
+ * (obx.consumers) with what waits for obx:work (obx.landed_status).
+ */
 class StatusCommand extends ObxCommand
 {
     protected $signature = 'obx:status
         {--connection= : the database connection (default: config obx.connection)}
-        {--consumers : also show the in-database consumers of this database}
-        {--json : print the rows as JSON (topics, and consumers with --consumers)}';
+        {--consumers : also show the consumers of this database and what waits for obx:work}
+        {--json : print the rows as JSON (topics; consumers and landed with --consumers)}';
 
     protected $description = 'Show the obx outbox per topic: pending, leased, published, quarantined';
 
@@ -19,6 +22,7 @@ class StatusCommand extends ObxCommand
             $out = ['topics' => $outbox->status()];
             if ($this->option('consumers')) {
                 $out['consumers'] = $outbox->consumers();
+                $out['landed'] = $outbox->landedStatus();
             }
             $this->line(json_encode($out, JSON_THROW_ON_ERROR | JSON_UNESCAPED_SLASHES | JSON_UNESCAPED_UNICODE));
             return 0;
@@ -28,6 +32,8 @@ class StatusCommand extends ObxCommand
         if ($this->option('consumers')) {
             $this->table(['consumer', 'processed', 'duplicates', 'dead lettered', 'retries', 'lag',
                           'dead letters pending'], $this->rows($outbox->consumers()));
+            $this->table(['consumer', 'landed for obx:work', 'failing', 'backing off', 'oldest landed age'],
+                $this->rows($outbox->landedStatus()));
         }
         return 0;
     }
