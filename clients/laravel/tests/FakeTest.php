@@ -108,6 +108,22 @@ class FakeTest extends TestCase
                 $this->assertInstanceOf(\InvalidArgumentException::class, $e);
             }
         }
+        foreach ([['', 'ord_1', null, null, 'obx topic name must not be empty'],
+                  [str_repeat('t', 250), 'ord_1', null, null, 'obx topic name is too long'],
+                  ['orders placed', 'ord_1', null, null, 'invalid obx topic name "orders placed"'],
+                  ['..', 'ord_1', null, null, 'invalid obx topic name ".."'],
+                  ['orders.placed.v1', '', null, null, 'obx event key must not be empty'],
+                  ['orders.placed.v1', str_repeat('k', 1025), null, null, 'obx event key is too long'],
+                  ['orders.placed.v1', 'ord_1', '', null, 'obx event type must not be empty'],
+                  ['orders.placed.v1', 'ord_1', null, 'evt_01JQ8X8F', 'invalid input syntax for type uuid']]
+                 as [$topic, $key, $type, $id, $message]) {
+            try {
+                Obx::enqueue($topic, $key, ['a' => 1], $type, $id);
+                $this->fail("accepted: $message");
+            } catch (InvalidEvent $e) {
+                $this->assertStringContainsString($message, $e->getMessage());
+            }
+        }
         $this->expectException(InvalidEvent::class);
         $this->expectExceptionMessage('header "attempt" must be a string');
         try {

@@ -21,8 +21,9 @@ use PHPUnit\Framework\Assert as PHPUnit;
  * the marks in memory; createExtension, subscribe and unsubscribe do
  * nothing.  The operator calls (status, retry, ...) are not faked.
  *
- * It refuses what the real outbox refuses, before recording: payloads and
- * headers (Payload), and publish or markProcessed outside a transaction
+ * It refuses what the real outbox refuses, before recording: topic names,
+ * keys, event types and ids (checkNames), payloads and headers (Payload),
+ * and publish or markProcessed outside a transaction
  * (NotInTransaction, DispatchedAfterCommit).  A transaction counts if it
  * was opened on obx's connection after Obx::fake(): the one RefreshDatabase
  * or DatabaseTransactions opens around each test does not, so code that
@@ -244,6 +245,37 @@ class ObxFake extends Outbox
             + $this->state->own;
     }
 
+    /**
+     * What obx.enqueue checks in the database before the payload (docs/sql.md,
+     * "Errors"), with its messages: the topic as Kafka names topics, the key,
+     * the event type, and a given id as a uuid.  obx.topics, a server
+     * setting, is not known here.
+     */
+    private static function checkNames(string $topic, string $key, ?string $type, ?string $id): void
+    {
+        if ($topic === '') {
+            throw new InvalidEvent('obx topic name must not be empty');
+        }
+        if (strlen($topic) > 249) {
+            throw new InvalidEvent('obx topic name is too long');
+        }
+        if ($topic === '.' || $topic === '..' || !preg_match('/^[a-zA-Z0-9._-]+$/', $topic)) {
+            throw new InvalidEvent(sprintf('invalid obx topic name "%s"', $topic));
+        }
+        if ($key === '') {
+            throw new InvalidEvent('obx event key must not be empty');
+        }
+        if (strlen($key) > 1024) {
+            throw new InvalidEvent('obx event key is too long');
+        }
+        if ($type === '') {
+            throw new InvalidEvent('obx event type must not be empty');
+        }
+        if ($id !== null && !Str::isUuid($id)) {
+            throw new InvalidEvent(sprintf('invalid input syntax for type uuid: "%s"', $id));
+        }
+    }
+
     /** The connection's name, whatever its driver: the fake runs no SQL. */
     protected function connectionName(): string
     {
@@ -253,6 +285,7 @@ class ObxFake extends Outbox
     private function record(string $topic, string $key, $payload, ?string $type, ?string $id, array $headers,
                             ?ShouldPublishToKafka $event): string
     {
+        self::checkNames($topic, $key, $type, $id);
         $json = Payload::encode($payload);
         Payload::headers($headers);
         $id ??= (string) Str::orderedUuid();
