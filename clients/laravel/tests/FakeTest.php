@@ -189,6 +189,40 @@ class FakeTest extends TestCase
         Obx::assertPublished(OrderPlaced::class);
     }
 
+    /**
+     * LazilyRefreshDatabase opens the test's transaction on the first
+     * query, after Obx::fake(), with the connection's dispatcher unset (as
+     * RefreshDatabase and DatabaseTransactions do): it does not count, so
+     * an event outside DB::transaction is still refused.
+     */
+    public function testATransactionOpenedSilentlyAfterTheFakeDoesNotCount(): void
+    {
+        Obx::fake();
+        $connection = DB::connection();
+        $dispatcher = $connection->getEventDispatcher();
+        $connection->unsetEventDispatcher();
+        $connection->beginTransaction();
+        $connection->setEventDispatcher($dispatcher);
+        try {
+            try {
+                event(new OrderPlaced('ord_1', 990));
+                $this->fail('an event outside DB::transaction was accepted');
+            } catch (NotInTransaction $e) {
+            }
+            DB::transaction(fn () => DB::transaction(fn () => event(new OrderPlaced('ord_2', 990))));
+            Obx::assertPublishedTimes(OrderPlaced::class, 1);
+            try {
+                event(new OrderPlaced('ord_3', 990));
+                $this->fail('an event after the transactions committed was accepted');
+            } catch (NotInTransaction $e) {
+            }
+        } finally {
+            $connection->unsetEventDispatcher();
+            $connection->rollBack();
+            $connection->setEventDispatcher($dispatcher);
+        }
+    }
+
     public function testTheFakeRecordsTheConnection(): void
     {
         Obx::fake();

@@ -54,6 +54,7 @@ class Obx extends Facade
             $app->bound('db') ? $app['db'] : null,
             $config->get('obx.connection'),
             $config->get('obx.outside_transaction', ObxFake::REFUSE),
+            $app->bound('events') ? $app['events'] : null,
         ));
         return $fake;
     }

@@ -4,7 +4,9 @@ namespace Obx\Laravel\Testing;
 
 use Closure;
 use Illuminate\Database\ConnectionInterface;
+use Illuminate\Contracts\Events\Dispatcher;
 use Illuminate\Database\ConnectionResolverInterface;
+use Illuminate\Database\Events\TransactionBeginning;
 use Illuminate\Support\Str;
 use Illuminate\Support\Traits\ReflectsClosures;
 use LogicException;
@@ -24,9 +26,10 @@ use PHPUnit\Framework\Assert as PHPUnit;
  * It refuses what the real outbox refuses, before recording: topic names,
  * keys, event types and ids (checkNames), payloads and headers (Payload),
  * and publish or markProcessed outside a transaction
- * (NotInTransaction, DispatchedAfterCommit).  A transaction counts if it
- * was opened on obx's connection after Obx::fake(): the one RefreshDatabase
- * or DatabaseTransactions opens around each test does not, so code that
+ * (NotInTransaction, DispatchedAfterCommit).  A transaction counts if the
+ * application opened it on obx's connection after Obx::fake(): the one
+ * RefreshDatabase, LazilyRefreshDatabase or DatabaseTransactions opens
+ * around each test does not, even when it opens it later, so code that
  * forgets DB::transaction fails its tests as it would fail in production.
  * The fake sees no rollback: an event recorded in a transaction that then
  * rolls back stays recorded.
@@ -36,23 +39,38 @@ class ObxFake extends Outbox
     use ReflectsClosures;
 
     /**
-     * Shared by the fake and its connection() clones.
+     * Shared by the fake and its connection() clones.  begun: per
+     * connection, the levels of the transactions begun with an event since
+     * the fake was made (those an application opens); without a
+     * dispatcher (evented false), baseline: the levels open when it was.
      *
-     * @var object{enqueued: array, processed: array, baseline: array<string, int>, own: int}
+     * @var object{enqueued: array, processed: array, begun: array<string, int[]>, own: int,
+     *             baseline: array<string, int>, evented: bool}
      */
     private object $state;
 
     /**
-     * $db: the application's connections, whose transactions the fake
-     * counts from the levels they have now; null: none, so only processOnce
-     * (and publish in "own_transaction" mode) is ever in a transaction.
+     * $db: the application's connections; $events: their event dispatcher.
+     * A transaction counts if it was begun with an event after the fake
+     * was made: RefreshDatabase and LazilyRefreshDatabase begin theirs with
+     * the connection's dispatcher unset, whenever they begin it, and an
+     * application cannot.  Without $events, the transactions open now are
+     * the tests' and the others count.  $db null: no connection, so only
+     * processOnce (and publish in "own_transaction" mode) is ever in a
+     * transaction.
      */
     public function __construct(?ConnectionResolverInterface $db = null, ?string $connection = null,
-                                string $outsideTransaction = self::REFUSE)
+                                string $outsideTransaction = self::REFUSE, ?Dispatcher $events = null)
     {
         parent::__construct($db, $connection, $outsideTransaction);
-        $this->state = (object) ['enqueued' => [], 'processed' => [], 'baseline' => [], 'own' => 0];
-        if ($db !== null && method_exists($db, 'getConnections')) {
+        $this->state = (object) ['enqueued' => [], 'processed' => [], 'begun' => [], 'own' => 0,
+                                 'baseline' => [], 'evented' => $events !== null];
+        if ($events !== null) {
+            $state = $this->state;
+            $events->listen(TransactionBeginning::class, function (TransactionBeginning $e) use ($state) {
+                $state->begun[$e->connectionName][] = $e->connection->transactionLevel();
+            });
+        } elseif ($db !== null && method_exists($db, 'getConnections')) {
             foreach ($db->getConnections() as $name => $open) {
                 $this->state->baseline[$name] = $open->transactionLevel();
             }
@@ -241,8 +259,15 @@ class ObxFake extends Outbox
             return $this->state->own;
         }
         $connection = $this->db->connection($this->connection);
-        return $connection->transactionLevel() - ($this->state->baseline[$connection->getName()] ?? 0)
-            + $this->state->own;
+        $level = $connection->transactionLevel();
+        if (!$this->state->evented) {
+            return $level - ($this->state->baseline[$connection->getName()] ?? 0) + $this->state->own;
+        }
+        // The levels begun with an event that are still open: a commit or
+        // a rollback (silent or not) has ended those above the level now.
+        $begun = array_filter($this->state->begun[$connection->getName()] ?? [], fn ($l) => $l <= $level);
+        $this->state->begun[$connection->getName()] = array_values($begun);
+        return count($begun) + $this->state->own;
     }
 
     /**
