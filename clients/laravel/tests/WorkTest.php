@@ -68,6 +68,25 @@ class WorkTest extends TestCase
         }
     }
 
+    /** An obx:work process of the consumer (Fixtures/work.php), its output in out and err. */
+    private function worker(array $args)
+    {
+        return proc_open(array_merge(['php', __DIR__ . '/Fixtures/work.php', 'obx:work', self::CONSUMER], $args),
+            [0 => ['file', '/dev/null', 'r'], 1 => ['file', "$this->dir/out", 'w'],
+             2 => ['file', "$this->dir/err", 'w']], $pipes, null,
+            ['OBX_WORK_TEST_DB' => json_encode(TestDatabase::connection()), 'PATH' => getenv('PATH')]);
+    }
+
+    /** The effects, once there are $n of them or $seconds have passed. */
+    private function awaitEffects(int $n, float $seconds): array
+    {
+        $until = microtime(true) + $seconds;
+        while (count($this->effects()) < $n && microtime(true) < $until) {
+            usleep(20000);
+        }
+        return $this->effects();
+    }
+
     private function effects(): array
     {
         return array_map(fn ($r) => "$r->event_id/$r->attempt",
@@ -360,17 +379,9 @@ class WorkTest extends TestCase
                       kafka_offset, event_key, payload, error_class, error_message)
                     values (?, 'evt-ord_1-2', 'OrderPlaced', ?, 0, 999, 'ord_1', '{\"n\": 2}', 'handler', 'x')",
             [self::CONSUMER, self::TOPIC]);
-        $proc = proc_open(['php', __DIR__ . '/Fixtures/work.php', 'obx:work', self::CONSUMER, '--sleep=60',
-                           '--max-jobs=2'],
-            [0 => ['file', '/dev/null', 'r'], 1 => ['file', "$this->dir/out", 'w'],
-             2 => ['file', "$this->dir/err", 'w']], $pipes, null,
-            ['OBX_WORK_TEST_DB' => json_encode(TestDatabase::connection()), 'PATH' => getenv('PATH')]);
+        $proc = $this->worker(['--sleep=60', '--max-jobs=2']);
         try {
-            $until = microtime(true) + 30;
-            while ($this->effects() === [] && microtime(true) < $until) {
-                usleep(20000);
-            }
-            $this->assertSame(['evt-ord_1-1/1'], $this->effects(), 'the worker runs, then waits');
+            $this->assertSame(['evt-ord_1-1/1'], $this->awaitEffects(1, 30), 'the worker runs, then waits');
             usleep(300000);
             $landed = microtime(true);
             $this->assertSame(1, (int) DB::selectOne('select obx.replay_dead_letter(?) as n', [self::CONSUMER])->n);
@@ -399,16 +410,9 @@ class WorkTest extends TestCase
     public function testAWorkerOutlivesADatabaseRestartAndListensAgain(): void
     {
         $this->land([['ord_1', 1, null, null]]);
-        $proc = proc_open(['php', __DIR__ . '/Fixtures/work.php', 'obx:work', self::CONSUMER, '--sleep=60'],
-            [0 => ['file', '/dev/null', 'r'], 1 => ['file', "$this->dir/out", 'w'],
-             2 => ['file', "$this->dir/err", 'w']], $pipes, null,
-            ['OBX_WORK_TEST_DB' => json_encode(TestDatabase::connection()), 'PATH' => getenv('PATH')]);
+        $proc = $this->worker(['--sleep=60']);
         try {
-            $until = microtime(true) + 30;
-            while ($this->effects() === [] && microtime(true) < $until) {
-                usleep(20000);
-            }
-            $this->assertSame(['evt-ord_1-1/1'], $this->effects(), 'the worker runs, then waits');
+            $this->assertSame(['evt-ord_1-1/1'], $this->awaitEffects(1, 30), 'the worker runs, then waits');
             TestDatabase::restart();
             DB::reconnect();
             $until = microtime(true) + 30;
@@ -418,13 +422,9 @@ class WorkTest extends TestCase
             }
             $this->assertStringContainsString('reconnected', file_get_contents("$this->dir/out"),
                 'the worker reconnected: ' . file_get_contents("$this->dir/err"));
-            $landed = microtime(true);
             $this->land([['ord_1', 2, null, null]]);
             DB::statement('NOTIFY obx_landed_' . md5(self::CONSUMER));   // as obx._land notifies
-            while (count($this->effects()) < 2 && microtime(true) < $landed + 10) {
-                usleep(20000);
-            }
-            $this->assertSame(['evt-ord_1-1/1', 'evt-ord_1-2/1'], $this->effects(),
+            $this->assertSame(['evt-ord_1-1/1', 'evt-ord_1-2/1'], $this->awaitEffects(2, 10),
                 'a message landed after the restart ran within 10 s, not after --sleep=60');
             $this->assertTrue(proc_get_status($proc)['running'], 'the worker is still running');
         } finally {
