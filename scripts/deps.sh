@@ -6,7 +6,7 @@
 OBX_PACKAGES="make gcc clang-format postgresql-15 postgresql-server-dev-15 librdkafka-dev
 uuid-dev kcat libipc-run-perl procps prometheus-postgres-exporter prometheus
 php-cli php-pgsql php-laravel-framework php-illuminate-database phpunit composer
-debhelper postgresql-server-dev-all dpkg-dev fakeroot unzip libpq5"
+debhelper postgresql-server-dev-all dpkg-dev fakeroot unzip libpq5 pgbouncer"
 
 # The real Apache Kafka broker: Java and Maven from Debian, the broker's jars
 # from Maven Central (tools/kafka/pom.xml), cached in OBX_KAFKA_LIBS.
