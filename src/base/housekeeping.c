@@ -30,8 +30,6 @@
 #include "housekeeping.h"
 #include "protocol.h"
 
-#define OBX_PURGE_BATCH 1000
-
 /*
  * Dead letters older than obx.dead_letter_retention: counted from
  * the failure, or from the replay for a replayed one.  One that was never
@@ -48,17 +46,7 @@ purge_dead_letters(void)
 
 	args[0] = Float8GetDatum((double) obx_dead_letter_retention_s);
 	args[1] = Int32GetDatum(OBX_PURGE_BATCH);
-	rc = SPI_execute_with_args(
-		"WITH gone AS ("
-		" DELETE FROM obx.dead_letters WHERE id IN ("
-		"  SELECT d.id FROM obx.dead_letters d"
-		"   WHERE COALESCE(d.replayed_at, d.failed_at)"
-		"         < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
-		"   ORDER BY d.id LIMIT $2)"
-		" RETURNING replayed_at)"
-		" SELECT pg_catalog.count(*), pg_catalog.count(*) FILTER (WHERE replayed_at IS NULL)"
-		"   FROM gone",
-		2, types, args, NULL, false, 1);
+	rc = SPI_execute_with_args(OBX_SQL_PURGE_DEAD_LETTERS, 2, types, args, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "obx dead letter purge failed: %s", SPI_result_code_string(rc));
 	unreplayed = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
@@ -137,12 +125,7 @@ obx_outbox_purge(void)
 	if (obx_retention_s > 0)
 		purged += rotate_outbox();
 	if (obx_processed_retention_s > 0)
-		purged += purge_older_than(
-			"DELETE FROM obx.processed_events WHERE ctid IN ("
-			" SELECT ctid FROM obx.processed_events"
-			"  WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
-			"  ORDER BY processed_at LIMIT $2)",
-			obx_processed_retention_s, "dedupe");
+		purged += purge_older_than(OBX_SQL_PURGE_DEDUPE, obx_processed_retention_s, "dedupe");
 	if (obx_dead_letter_retention_s > 0)
 		purged += purge_dead_letters();
 	obx_step_end(caller);

@@ -37,6 +37,8 @@ static const char *const grant_checks[][2] = {
 	{"EXECUTE on obx._tick()", "has_function_privilege('obx._tick()', 'EXECUTE')"},
 	{"EXECUTE on obx._hold(uuid[])", "has_function_privilege('obx._hold(uuid[])', 'EXECUTE')"},
 	{"EXECUTE on obx._rotate(float8)", "has_function_privilege('obx._rotate(float8)', 'EXECUTE')"},
+	{"SELECT, DELETE on obx.processed_events", "has_table_privilege('obx.processed_events', 'SELECT, DELETE')"},
+	{"SELECT, DELETE on obx.dead_letters", "has_table_privilege('obx.dead_letters', 'SELECT, DELETE')"},
 	{"EXECUTE on obx._replica_problem()", "has_function_privilege('obx._replica_problem()', 'EXECUTE')"},
 	{"EXECUTE on obx._consume(...)", "has_function_privilege('obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz, integer, integer)', 'EXECUTE')"},
 	{"EXECUTE on obx._call_handler(...)", "has_function_privilege('obx._call_handler(regprocedure, obx.inbound_event)', 'EXECUTE')"},

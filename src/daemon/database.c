@@ -41,6 +41,8 @@ static const Statement statements[] = {
 	{"obx_failed", OBX_SQL_FAILED, 7, {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID, TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID}},
 	{"obx_renew", OBX_SQL_RENEW, 2, {INT8OID, FLOAT8OID}},
 	{"obx_rotate", OBX_SQL_ROTATE, 1, {FLOAT8OID}},
+	{"obx_purge_dedupe", OBX_SQL_PURGE_DEDUPE, 2, {FLOAT8OID, INT4OID}},
+	{"obx_purge_dead_letters", OBX_SQL_PURGE_DEAD_LETTERS, 2, {FLOAT8OID, INT4OID}},
 	{"obx_replica_problem", OBX_SQL_REPLICA_PROBLEM, 0, {0}},
 	/* The daemon's own: its look for commits between claims (obx_anything_new). */
 	{"obx_snapshot", "SELECT pg_catalog.pg_current_snapshot()", 0, {0}},

@@ -349,19 +349,76 @@ obx_replica_free(Database *db)
 	return free_of_it;
 }
 
-/* One step of the outbox's rotation (obx._rotate), as src/base/housekeeping.c takes it. */
+/*
+ * One purge statement (OBX_SQL_PURGE_*) with the retention given; returns
+ * the number of rows it went through (deleted rows for the dedupe purge,
+ * the first column, a count, for the dead letters'), and in *unreplayed
+ * the second column, if any; -1 if it failed.
+ */
+static long
+purge(Database *db, const char *name, int retention_s, long *unreplayed)
+{
+	char secs[16];
+	char batch[16];
+	const char *params[2] = {secs, batch};
+	PGresult *res;
+	long n;
+
+	snprintf(secs, sizeof(secs), "%d", retention_s);
+	snprintf(batch, sizeof(batch), "%d", OBX_PURGE_BATCH);
+	if ((res = obx_db_run(db, name, params, 0)) == NULL)
+		return -1;
+	if (PQresultStatus(res) == PGRES_TUPLES_OK)
+	{
+		n = atol(PQgetvalue(res, 0, 0));
+		*unreplayed = atol(PQgetvalue(res, 0, 1));
+	}
+	else
+		n = atol(PQcmdTuples(res));
+	PQclear(res);
+	return n;
+}
+
+/*
+ * The purges src/base/housekeeping.c runs in the database: one step of the
+ * outbox's rotation (obx._rotate), then up to OBX_PURGE_BATCH dedupe rows
+ * older than processed_retention and as many dead letters older than
+ * dead_letter_retention.  Every 10 seconds, and again at the next turn
+ * while a step did something.
+ */
 void
 obx_rotate(Database *db)
 {
 	char secs[16];
 	const char *params[1] = {secs};
 	PGresult *res;
+	long unreplayed = 0;
+	bool again = false;
 
-	if (obx_config.retention_s == 0 || db->conn == NULL || time(NULL) < db->rotate_at ||
-		!obx_replica_free(db))
+	if (db->conn == NULL || time(NULL) < db->rotate_at || !obx_replica_free(db))
 		return;
 	db->rotate_at = time(NULL) + 10;
-	snprintf(secs, sizeof(secs), "%d", obx_config.retention_s);
-	if ((res = obx_db_run(db, "obx_rotate", params, 0)) != NULL)
-		PQclear(res);
+	if (obx_config.retention_s > 0)
+	{
+		snprintf(secs, sizeof(secs), "%d", obx_config.retention_s);
+		if ((res = obx_db_run(db, "obx_rotate", params, 0)) != NULL)
+		{
+			again |= PQresultStatus(res) == PGRES_TUPLES_OK && !PQgetisnull(res, 0, 0);
+			PQclear(res);
+		}
+	}
+	if (obx_config.processed_retention_s > 0)
+		again |= purge(db, "obx_purge_dedupe", obx_config.processed_retention_s, &unreplayed) >=
+				 OBX_PURGE_BATCH;
+	if (obx_config.dead_letter_retention_s > 0)
+	{
+		again |= purge(db, "obx_purge_dead_letters", obx_config.dead_letter_retention_s,
+					   &unreplayed) >= OBX_PURGE_BATCH;
+		if (unreplayed > 0)
+			obx_say("LOG", "database %s: purged %ld dead letters that were never replayed "
+						   "(older than dead_letter_retention)",
+					PQdb(db->conn), unreplayed);
+	}
+	if (again)
+		db->rotate_at = 0;
 }

@@ -10,6 +10,7 @@
  *-------------------------------------------------------------------------
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,8 @@ config_defaults(Config *c)
 	c->backoff_max_ms = 60000;
 	c->quarantine_blocks_key = true;
 	c->retention_s = 7 * 24 * 3600;
+	c->processed_retention_s = 0;
+	c->dead_letter_retention_s = 14 * 24 * 3600;
 	c->relay_id = 1000;
 }
 
@@ -121,6 +124,8 @@ config_set(Config *c, const char *name, const char *value)
 	INT_SETTING("backoff_min", backoff_min_ms, 1, 3600000);
 	INT_SETTING("backoff_max", backoff_max_ms, 1, 86400000);
 	INT_SETTING("retention", retention_s, 0, 365 * 24 * 3600);
+	INT_SETTING("processed_retention", processed_retention_s, 0, INT_MAX);
+	INT_SETTING("dead_letter_retention", dead_letter_retention_s, 0, INT_MAX);
 	INT_SETTING("relay_id", relay_id, OBX_FIRST_DAEMON_OWNER, 1000000);
 #undef INT_SETTING
 	obx_say("ERROR", "unknown setting \"%s\"", name);

@@ -33,6 +33,8 @@ typedef struct Config
 	int backoff_max_ms;
 	bool quarantine_blocks_key;
 	int retention_s;
+	int processed_retention_s;   /* 0: keep the dedupe rows for ever */
+	int dead_letter_retention_s; /* 0: keep the dead letters for ever */
 	int relay_id;
 	char *subscriptions; /* consumed: NULL none, "*" all, or a list */
 } Config;

@@ -347,6 +347,31 @@
 #define OBX_SQL_ROTATE "SELECT obx._rotate($1)"
 
 /*
+ * The purges of the consumer side's history, both runtimes
+ * (src/base/housekeeping.c, src/daemon/outbox.c): $1 a retention in
+ * seconds, $2 at most how many rows (OBX_PURGE_BATCH), so that a large
+ * backlog goes in many short steps.  Dedupe rows older than the retention;
+ * dead letters older than it, counted from the failure or from the replay
+ * for a replayed one, and how many of those were never replayed.
+ */
+#define OBX_PURGE_BATCH 1000
+#define OBX_SQL_PURGE_DEDUPE                                                         \
+	"DELETE FROM obx.processed_events WHERE ctid IN ("                               \
+	" SELECT ctid FROM obx.processed_events"                                         \
+	"  WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)" \
+	"  ORDER BY processed_at LIMIT $2)"
+#define OBX_SQL_PURGE_DEAD_LETTERS                                                        \
+	"WITH gone AS ("                                                                      \
+	" DELETE FROM obx.dead_letters WHERE id IN ("                                         \
+	"  SELECT d.id FROM obx.dead_letters d"                                               \
+	"   WHERE COALESCE(d.replayed_at, d.failed_at)"                                       \
+	"         < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"                  \
+	"   ORDER BY d.id LIMIT $2)"                                                          \
+	" RETURNING replayed_at)"                                                             \
+	" SELECT pg_catalog.count(*), pg_catalog.count(*) FILTER (WHERE replayed_at IS NULL)" \
+	"   FROM gone"
+
+/*
  * Why a relay must not claim in this database, or NULL: a logical
  * replication subscription writes into obx's tables here
  * (obx._replica_problem).  Run when a relay gets ready and then every
