@@ -5,7 +5,11 @@
 # - dead letters older than dead_letter_retention go, counted from the
 #   replay for a replayed one, and the log says how many were never
 #   replayed; the younger ones stay;
-# - with both settings 0, nothing is purged.
+# - with both settings 0, nothing is purged;
+# - obx.status.problem says no obx-relay serves the database while an
+#   event no claim has seen waits over a minute and no claim came in that
+#   minute (before any daemon ran, and after the daemon stopped), and is
+#   NULL while one serves it.
 use strict;
 use warnings;
 
@@ -38,6 +42,16 @@ $node->safe_psql('postgres', q{
 			now() - interval '1 minute'),
 		   ('stock', 't', 0, 5, 'handler', 'young', now() - interval '1 minute', NULL);});
 
+# No daemon yet: an event that waited over a minute (aged by hand) is seen.
+my $problem = q{SELECT coalesce(max(problem), 'none') FROM obx.status};
+is($node->safe_psql('postgres', $problem), 'none', 'no event waits: no problem');
+$node->safe_psql('postgres', q{
+	SELECT obx.enqueue('t.purge', 'early', '{}');
+	UPDATE obx.events SET occurred_at = now() - interval '2 minutes' WHERE event_key = 'early';});
+like($node->safe_psql('postgres', $problem),
+	qr/^no obx-relay claims in this database: none ever has, and events have waited over a minute since$/,
+	'an event waiting over a minute and no claim: obx.status.problem says no obx-relay serves the database');
+
 # Both settings 0: the daemon claims, and purges nothing.
 my $keep = start_relay(relay_config($node, $mock, $dir, processed_retention => 0,
 	dead_letter_retention => 0));
@@ -50,7 +64,15 @@ ok($node->poll_query_until('postgres',
 is($node->safe_psql('postgres', q{
 	SELECT (SELECT count(*) FROM obx.processed_events) || ',' || (SELECT count(*) FROM obx.dead_letters)}),
 	'1510,5', 'with processed_retention and dead_letter_retention 0 nothing is purged');
+is($node->safe_psql('postgres', $problem), 'none', 'while the daemon serves the database: no problem');
 stop_relay($keep);
+$node->safe_psql('postgres', q{
+	SELECT obx.enqueue('t.purge', 'late', '{}');
+	UPDATE obx.events SET occurred_at = now() - interval '2 minutes' WHERE event_key = 'late';});
+is($node->safe_psql('postgres', $problem), 'none', 'a claim came within the minute: no problem yet');
+$node->safe_psql('postgres', q{UPDATE obx.claims SET claimed_at = claimed_at - interval '2 minutes'});
+like($node->safe_psql('postgres', $problem), qr/^no obx-relay claims in this database: the latest claim was at /,
+	'the daemon stopped a minute ago with an event waiting: the problem says so');
 
 # An hour each: the old rows go, the young stay.
 my $relay = start_relay(relay_config($node, $mock, $dir, processed_retention => 3600,

@@ -588,11 +588,39 @@ AS $$ SELECT NULL::integer, NULL, NULL::integer, NULL, NULL::bigint, NULL::bigin
 			 NULL, NULL::float8 WHERE false $$;
 
 -- replaces obx._relay_problem
-/* A relay outside the database is not seen from here. */
+/*
+ * No relay runs in the database: obx-relay publishes from outside, and is
+ * seen by its claims.  None serves the database when no claim came for a
+ * minute while an event that the latest claim's snapshot could not see
+ * (committed after it; any event, with no claim at all) has waited over a
+ * minute.  The latest claim is one index probe, the events past its
+ * snapshot a range of the xid index: what is pending, not the history.
+ */
 CREATE FUNCTION obx._relay_problem()
 RETURNS text
-LANGUAGE sql STABLE
-AS $$ SELECT NULL::text $$;
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	c record;	/* obx.claims comes after this function, with 1.1 */
+BEGIN
+	SELECT l.claimed_at, l.snap, l.era INTO c FROM obx.claims l ORDER BY l.lease_id DESC LIMIT 1;
+	IF c.claimed_at > now() - interval '1 minute' THEN
+		RETURN NULL;
+	END IF;
+	IF EXISTS (SELECT 1 FROM obx.events e
+				WHERE e.era = obx._era()
+				  AND (c.snap IS NULL OR c.era <> obx._era()
+					   OR e.xid >= pg_snapshot_xmax(c.snap)::text::bigint)
+				  AND e.occurred_at < now() - interval '1 minute') THEN
+		RETURN 'no obx-relay claims in this database: '
+			   || CASE WHEN c.claimed_at IS NULL THEN 'none ever has'
+					   ELSE 'the latest claim was at ' || c.claimed_at END
+			   || ', and events have waited over a minute since';
+	END IF;
+	RETURN NULL;
+END
+$$;
 
 -- replaces obx._warn_unserved
 CREATE FUNCTION obx._warn_unserved()
