@@ -34,7 +34,8 @@
 #   run in a process of their own); that process killed -9 alone is
 #   started again, and the events sent after are applied once; SIGHUP
 #   stops it when the settings name no subscription (publishing goes on)
-#   and starts one when they name them again;
+#   and starts one when they name them again; it records the partitions'
+#   watermarks, so obx.consumer_status has the broker's ends and the lag;
 # - a call that failed (its session terminated inside the handler) stores
 #   no offset: the daemon stopped with SIGTERM before trying it again (a
 #   close commits the offsets stored), the next one applies the event;
@@ -439,6 +440,15 @@ caught_up('after SIGHUP named the subscriptions again');
 is(scalar(children_of_relay()), 1, 'a new consumer process runs them');
 is_deeply(effects(), { map { $_ => 1 } @ids },
 	'the events sent while no consumer ran are applied, each once');
+# The lag: the consumer process records each partition's watermarks, as the
+# consumer workers do, so obx.consumer_status has the broker's ends.
+my $ends = partition_ends($mock, $topic);
+my $values = join(', ', map { "($_, $ends->{$_})" } sort keys %$ends);
+ok($node->poll_query_until('postgres', qq{
+	SELECT count(*) = @{[ scalar(keys %$ends) ]} FROM (VALUES $values) AS e(p, o)
+	  JOIN obx.consumer_status s ON s.kafka_partition = e.p AND s.high_watermark = e.o AND s.lag = 0
+	 WHERE s.consumer_name = '$consumer' AND s.topic = '$topic'}),
+	'each partition\'s high watermark is the broker\'s end, and the lag 0 once all is handled');
 is(stop_relay($relay), 0, 'SIGTERM stops the daemon with exit status 0');
 
 ############################################################################

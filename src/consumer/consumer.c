@@ -67,10 +67,10 @@
 #include "consumer_group.h"
 #include "held.h"
 #include "worker.h"
+#include "protocol.h"
 
 /* Messages handled per consumer (whole batches) before the others get a turn. */
-#define OBX_CONSUMER_FAIRNESS     200
-#define OBX_WATERMARK_INTERVAL_MS 1000
+#define OBX_CONSUMER_FAIRNESS 200
 
 /*
  * Subtransaction ids a batch's transaction should take at most: fewer than

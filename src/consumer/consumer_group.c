@@ -33,26 +33,12 @@
 #include "handler.h"
 #include "worker.h"
 #include "consumer_group.h"
+#include "protocol.h"
 
 static int my_worker = -1;
 static int signal_fd = -1;
 static ObxConsumer *consumers = NULL;
 static SPIPlanPtr watermark_plan = NULL;
-
-static const char *watermark_sql =
-	"INSERT INTO obx.consumer_partitions AS p"
-	"   (consumer_name, topic, kafka_partition, low_watermark, high_watermark,"
-	"    watermarks_at)"
-	" SELECT $1, w.topic, w.part, w.low, w.high, pg_catalog.now()"
-	"   FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]),"
-	"                   pg_catalog.unnest($3::pg_catalog.int4[]),"
-	"                   pg_catalog.unnest($4::pg_catalog.int8[]),"
-	"                   pg_catalog.unnest($5::pg_catalog.int8[]))"
-	"        AS w(topic, part, low, high)"
-	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"
-	"   SET low_watermark = excluded.low_watermark,"
-	"       high_watermark = excluded.high_watermark,"
-	"       watermarks_at = excluded.watermarks_at";
 
 static char **
 text_array(Datum d, int *n)
@@ -550,7 +536,7 @@ obx_consumers_record_watermarks(const char *consumer, int n, char **topics,
 		Oid types[] = {TEXTOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
 					   INT8ARRAYOID};
 
-		watermark_plan = obx_prepare_kept(watermark_sql, 5, types);
+		watermark_plan = obx_prepare_kept(OBX_SQL_WATERMARKS, 5, types);
 	}
 	for (i = 0; i < n; i++)
 	{

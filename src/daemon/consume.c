@@ -445,6 +445,79 @@ refresh(void)
 	}
 }
 
+/*
+ * Record the low and high watermarks of the subscription's partitions
+ * (from librdkafka's cache, no network round trip) for obx.consumers' lag,
+ * every OBX_WATERMARK_INTERVAL_MS when they moved, as the consumer workers
+ * do (OBX_SQL_WATERMARKS), on the subscription's session, outside a
+ * transaction of a message.
+ */
+static void
+record_watermarks(Sub *s)
+{
+	rd_kafka_topic_partition_list_t *assigned = NULL;
+	char *lists[4];
+	size_t sizes[4] = {0, 0, 0, 0};
+	FILE *out[4];
+	const char *params[5];
+	long long sum = 0;
+	int n = 0;
+	int i;
+
+	if (obx_now_us() < s->watermarks_at)
+		return;
+	s->watermarks_at = obx_now_us() + OBX_WATERMARK_INTERVAL_MS * 1000LL;
+	if (rd_kafka_assignment(s->rk, &assigned) != RD_KAFKA_RESP_ERR_NO_ERROR)
+		return;
+	for (i = 0; i < 4; i++)
+	{
+		lists[i] = NULL;
+		out[i] = open_memstream(&lists[i], &sizes[i]);
+		fputc('{', out[i]);
+	}
+	for (i = 0; i < assigned->cnt; i++)
+	{
+		rd_kafka_topic_partition_t *p = &assigned->elems[i];
+		int64_t lo;
+		int64_t hi;
+
+		if (rd_kafka_get_watermark_offsets(s->rk, p->topic, p->partition, &lo, &hi) !=
+				RD_KAFKA_RESP_ERR_NO_ERROR ||
+			hi < 0)
+			continue;
+		/* Kafka's topic names are [a-zA-Z0-9._-]: nothing to escape. */
+		fprintf(out[0], "%s\"%s\"", n ? "," : "", p->topic);
+		fprintf(out[1], "%s%d", n ? "," : "", (int) p->partition);
+		fprintf(out[2], "%s%lld", n ? "," : "", (long long) lo);
+		fprintf(out[3], "%s%lld", n ? "," : "", (long long) hi);
+		sum += (lo + 1) * 31 + hi * 1000003 + p->partition;
+		n++;
+	}
+	rd_kafka_topic_partition_list_destroy(assigned);
+	for (i = 0; i < 4; i++)
+	{
+		fputc('}', out[i]);
+		fclose(out[i]);
+	}
+	if (n > 0 && sum != s->watermarks_sum)
+	{
+		PGresult *res;
+
+		params[0] = s->name;
+		for (i = 0; i < 4; i++)
+			params[i + 1] = lists[i];
+		res = PQexecParams(s->conn, OBX_SQL_WATERMARKS, 5, NULL, params, NULL, NULL, 0);
+		if (PQresultStatus(res) == PGRES_COMMAND_OK)
+			s->watermarks_sum = sum;
+		else
+			obx_say("WARNING", "consumer group \"%s\": could not record the watermarks: %s",
+					s->name, PQresultErrorMessage(res));
+		PQclear(res);
+	}
+	for (i = 0; i < 4; i++)
+		free(lists[i]);
+}
+
 /* A turn of one subscription: up to TURN_MESSAGES messages. */
 static void
 serve_sub(Sub *s)
@@ -474,9 +547,10 @@ serve_sub(Sub *s)
 			obx_say("LOG", "consumer group \"%s\": the session broke; a new one in 1 s", s->name);
 			PQfinish(s->conn);
 			s->conn = NULL;
-			break;
+			return;
 		}
 	}
+	record_watermarks(s);
 }
 
 /*

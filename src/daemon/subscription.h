@@ -26,6 +26,8 @@ typedef struct Sub
 	long long retry_at;          /* when to try to connect or build again */
 	struct Held *held;           /* its partitions held back (held.c) */
 	long long refused_logged_at; /* a refusal is logged once a minute */
+	long long watermarks_at;     /* when to record the watermarks next */
+	long long watermarks_sum;    /* a sum of those recorded last */
 	bool listed;
 	struct Sub *next;
 } Sub;

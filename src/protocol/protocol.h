@@ -355,6 +355,28 @@
  * for a replayed one, and how many of those were never replayed.
  */
 #define OBX_PURGE_BATCH 1000
+
+/*
+ * A consumer group's partitions' low and high watermarks, for the lag
+ * (obx.consumers), both runtimes (src/consumer/consumer_group.c,
+ * src/daemon/consume.c), every OBX_WATERMARK_INTERVAL_MS when they moved:
+ * $1 the consumer, $2 to $5 arrays of topic, partition, low and high.
+ */
+#define OBX_WATERMARK_INTERVAL_MS 1000
+#define OBX_SQL_WATERMARKS                                                      \
+	"INSERT INTO obx.consumer_partitions AS p"                                  \
+	"   (consumer_name, topic, kafka_partition, low_watermark, high_watermark," \
+	"    watermarks_at)"                                                        \
+	" SELECT $1, w.topic, w.part, w.low, w.high, pg_catalog.now()"              \
+	"   FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]),"              \
+	"                   pg_catalog.unnest($3::pg_catalog.int4[]),"              \
+	"                   pg_catalog.unnest($4::pg_catalog.int8[]),"              \
+	"                   pg_catalog.unnest($5::pg_catalog.int8[]))"              \
+	"        AS w(topic, part, low, high)"                                      \
+	" ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE"            \
+	"   SET low_watermark = excluded.low_watermark,"                            \
+	"       high_watermark = excluded.high_watermark,"                          \
+	"       watermarks_at = excluded.watermarks_at"
 #define OBX_SQL_PURGE_DEDUPE                                                         \
 	"DELETE FROM obx.processed_events WHERE ctid IN ("                               \
 	" SELECT ctid FROM obx.processed_events"                                         \
