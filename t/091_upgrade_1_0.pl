@@ -1,4 +1,5 @@
-# ALTER EXTENSION obx UPDATE from 1.0 to 1.1, with events in every state.
+# ALTER EXTENSION obx UPDATE from 1.0 (the release's obx--1.0.sql) through
+# 1.1 to 1.2, with events in every state.
 #
 # 1.0 kept one row per event and wrote it again when it was published
 # (published_at, partition, offset) or failed (error, backoff, quarantine);
@@ -6,7 +7,7 @@
 # outbox log (docs/internals.md): published events become records and stay
 # published, failing and quarantined ones get their state, pending and
 # leased ones stay pending (a 1.0 lease is dropped: its events were not
-# published yet).  With the library of 1.1 loaded and the schema still at
+# published yet).  With the library of 1.2 loaded and the schema still at
 # 1.0, the relay waits for the update and says so.
 #
 # The states are written as 1.0's relay wrote them.  After the update:
@@ -98,7 +99,7 @@ ok($node->wait_for_log(qr/is waiting for ALTER EXTENSION obx UPDATE in database 
 is(scalar @{ read_topic($mock, $topic) }, 0, 'nothing was sent before the update');
 
 q1(q{ALTER EXTENSION obx UPDATE});
-is(q1(q{SELECT extversion FROM pg_extension WHERE extname = 'obx'}), '1.1', 'obx is at 1.1');
+is(q1(q{SELECT extversion FROM pg_extension WHERE extname = 'obx'}), '1.2', 'obx is at 1.2');
 relay_ready($node, 2);
 
 # Everything publishable reaches the broker: pending, leased, backing off.
