@@ -654,6 +654,13 @@ COMMENT ON VIEW obx.consumers IS
 
 SELECT pg_catalog.pg_extension_config_dump('obx.subscriptions', '');
 
+/*
+ * No silent dead end: warn now if no relay of this server will publish
+ * this database's outbox (src/base/status.c), as 1.1's obx--1.0.sql did
+ * at its end.
+ */
+SELECT obx._warn_unserved();
+
 /* ---------------------------------------------------------------------
  * Part 2: the outbox log (1.1's own update)
  * --------------------------------------------------------------------- */
