@@ -105,7 +105,10 @@ $$;
  * A 1.0 row's handler is a regprocedure: its text with the search_path
  * pinned is the schema-qualified form 1.1 writes, and its owner now is
  * the handler's owner (1.0 did not keep it).  A handler dropped since
- * stays as its OID, which names no function: obx.consumers.problem says so.
+ * (its OID names no function) is written as a name no function has, not
+ * as the OID, which to_regprocedure reads as an OID from PostgreSQL 16 on
+ * and refuses before: obx.consumers.problem says the handler no longer
+ * exists, until obx.subscribe names one.
  */
 DO $$
 DECLARE
@@ -114,10 +117,13 @@ BEGIN
 	PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 	INSERT INTO obx.subscriptions (consumer_name, topics, handler, handler_owner, options,
 								   owner, created_at, updated_at)
-	SELECT s.consumer_name, s.topics, s.handler::text,
-		   (SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.oid = s.handler)::regrole,
-		   s.options, s.owner, s.created_at, s.updated_at
-	  FROM obx.subscriptions_1_0 s;
+	SELECT s.consumer_name, s.topics,
+		   CASE WHEN p.oid IS NOT NULL THEN s.handler::text
+				ELSE pg_catalog.format('obx.%I(obx.inbound_event)',
+									   'dropped handler ' || s.handler::oid) END,
+		   p.proowner::regrole, s.options, s.owner, s.created_at, s.updated_at
+	  FROM obx.subscriptions_1_0 s
+	  LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler;
 	PERFORM pg_catalog.set_config('search_path', path, true);
 END
 $$;

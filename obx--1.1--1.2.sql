@@ -13,8 +13,8 @@
  * obx.events and obx.claims gain their column era at the end (a fresh
  * install of 1.2 runs this script too, so every 1.2 database has it
  * there): adding it with a constant default rewrites no row, where putting
- * it after xid, as main's scripts did before 1.2, meant copying every
- * retained event.  Nothing reads these tables by column position.
+ * it after xid would copy every retained event.  Nothing reads these
+ * tables, or the views that read them whole, by column position.
  */
 
 /*
@@ -46,10 +46,10 @@ ALTER TABLE obx.claims ADD COLUMN era integer NOT NULL DEFAULT obx._era();
 
 /*
  * Records: min_seq is the claim's lowest seq, and seqs the range of both.
- * A record written by 1.1 has no min_seq, which is no lower bound: it is
- * looked at for every event below its max_seq until its generation is
- * truncated, as the GIN index it replaces looked at none.  Adding the
- * stored column rewrites obx.records, which holds one row per batch.
+ * A record written by 1.1 has no min_seq, which is no lower bound:
+ * obx.outbox_events looks at it for every event below its max_seq, until
+ * its generation is truncated.  Adding the stored column rewrites
+ * obx.records, which holds one row per batch.
  */
 ALTER TABLE obx.records ADD COLUMN min_seq bigint;
 ALTER TABLE obx.records
