@@ -15,7 +15,8 @@
 # is sent again, and each keeps where it landed; the backing-off event is
 # sent once its backoff ends; the quarantined one stays quarantined with its
 # error and still blocks its key, until obx.retry, after which its key's
-# events go out in enqueue order; the skipped one stays skipped.
+# events go out in enqueue order; the skipped one stays skipped; a
+# subscription names its handler by name, and a mark still dedupes.
 use strict;
 use warnings;
 
@@ -90,6 +91,14 @@ q1(qq{UPDATE obx.outbox_events SET quarantined_at = now(), last_error = 'x', las
 	  WHERE id = '$skipped'});
 is(q1(qq{SELECT obx.skip('$skipped', 'reissued')}), 't', 'one event skipped under 1.0');
 
+# A subscription (1.0 named its handler by OID) and a mark.
+mock_cmd($mock, "topic-create other.upgrade.v1 1");
+q1(q{CREATE FUNCTION public.on_event(e obx.inbound_event) RETURNS void
+	 LANGUAGE plpgsql AS $$BEGIN END$$});
+q1(q{SELECT obx.subscribe('shop', ARRAY['other.upgrade.v1'], 'public.on_event(obx.inbound_event)')});
+is(q1(q{SELECT obx.mark_processed('shop', 'm1')}), 't', 'one mark under 1.0');
+my $owner = q1('SELECT current_user');
+
 my $before = q1(q{SELECT string_agg(id || ' ' || kafka_partition || ' ' || kafka_offset || ' '
 		|| to_char(published_at, 'YYYY-MM-DD HH24:MI:SS.US'), ',' ORDER BY id)
 	FROM obx.outbox_events WHERE published_at IS NOT NULL});
@@ -125,6 +134,13 @@ is(q1(qq{SELECT count(*) FROM obx.outbox_events WHERE id IN ('$poison', '$behind
 is(q1(qq{SELECT count(*) FROM obx.outbox_events WHERE id = '$skipped'}) . ' '
 	. q1(qq{SELECT skip_reason FROM obx.skipped_events WHERE id = '$skipped'}),
 	'0 reissued', 'the skipped event stays skipped');
+
+is(q1(q{SELECT handler || ' ' || handler_owner || ' ' || owner FROM obx.subscriptions}),
+	"public.on_event(obx.inbound_event) $owner $owner",
+	'the subscription names its handler schema-qualified, with its owner');
+is(q1(q{SELECT coalesce(problem, 'no problem') FROM obx.consumers}), 'no problem',
+	'the subscription is served');
+is(q1(q{SELECT obx.mark_processed('shop', 'm1')}), 'f', "1.0's mark still dedupes");
 
 is(q1(qq{SELECT obx.retry('$poison')}), 't', 'obx.retry takes the quarantined event');
 $msgs = wait_for_broker($mock, $topic, sub {
