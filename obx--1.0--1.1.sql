@@ -45,11 +45,23 @@ DROP VIEW obx.consumers;
 DROP VIEW obx.consumer_status;
 DROP FUNCTION obx._subscription_problem(obx.subscriptions);
 ALTER TABLE obx.subscriptions RENAME TO subscriptions_1_0;
-ALTER TABLE obx.subscriptions_1_0 RENAME CONSTRAINT subscriptions_pkey TO subscriptions_1_0_pkey;
-ALTER TABLE obx.subscriptions_1_0
-	RENAME CONSTRAINT subscriptions_consumer_name_check TO subscriptions_1_0_consumer_name_check;
-ALTER TABLE obx.subscriptions_1_0
-	RENAME CONSTRAINT subscriptions_topics_check TO subscriptions_1_0_topics_check;
+/*
+ * Its constraints too (the primary key, the checks and, from PostgreSQL 18
+ * on, the NOT NULLs), so that the new table's get the names 1.1's have.
+ */
+DO $$
+DECLARE
+	c record;
+BEGIN
+	FOR c IN SELECT k.conname FROM pg_catalog.pg_constraint k
+			  WHERE k.conrelid = 'obx.subscriptions_1_0'::pg_catalog.regclass
+				AND k.conname LIKE 'subscriptions\_%'
+	LOOP
+		EXECUTE pg_catalog.format('ALTER TABLE obx.subscriptions_1_0 RENAME CONSTRAINT %I TO %I',
+								  c.conname, 'subscriptions_1_0_' || pg_catalog.substr(c.conname, 15));
+	END LOOP;
+END
+$$;
 
 CREATE TABLE obx.subscriptions (
 	consumer_name		text		PRIMARY KEY
