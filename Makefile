@@ -17,7 +17,7 @@ OBJS = src/base/obx.o src/base/compat.o src/base/worker.o src/base/launcher.o sr
 	src/consumer/inbox_group.o src/consumer/progress.o src/consumer/inbound.o \
 	src/consumer/handler.o src/consumer/land.o src/protocol/kafka_errors.o
 EXTENSION = obx
-DATA = obx--1.0.sql obx--1.0--1.1.sql
+DATA = obx--1.0.sql obx--1.0--1.1.sql obx--1.1--1.2.sql
 PGFILEDESC = "obx - transactional outbox for Kafka"
 
 SHLIB_LINK = -lrdkafka

@@ -1,8 +1,15 @@
-/* obx--1.0--1.1.sql: the insert-only outbox */
+/* obx--1.0--1.1.sql: from the 1.0 release to the 1.1 release */
 
 \echo Use "ALTER EXTENSION obx UPDATE TO '1.1'" to load this file. \quit
 
 /*
+ * Two parts.  The 1.1 release's obx--1.0.sql was not the 1.0 release's:
+ * enqueue_many, tombstones, the publish latency views, obx.status.problem,
+ * obx.consumers.kafka_error, handlers by name and more went into it after
+ * 1.0 shipped.  Part 1 makes a database the 1.0 release created into what
+ * that script creates, carrying the subscriptions over.  Part 2 is 1.1's
+ * own update: the insert-only outbox.
+ *
  * 1.1 writes each event once.  An event is inserted into obx.events and
  * never updated or deleted: publishing it appends one row per batch to
  * obx.records, and old events go by TRUNCATE of a whole generation.
@@ -10,7 +17,672 @@
  * per-key order and the late committer; this script builds it and carries
  * the events of 1.0 over.  CREATE EXTENSION obx runs obx--1.0.sql and then
  * this script, so a fresh install and an upgrade end in the same schema.
+ *
+ * Released scripts are never edited: obx--1.0.sql is the 1.0 release's,
+ * and this script ends in the 1.1 release's schema.  What came after is
+ * in obx--1.1--1.2.sql.
  */
+
+/* ---------------------------------------------------------------------
+ * Part 1: what 1.1's obx--1.0.sql has that 1.0's had not
+ * --------------------------------------------------------------------- */
+
+/* Tombstones: an event's payload may be NULL (obx.enqueue_tombstone). */
+ALTER TABLE obx.outbox_events ALTER COLUMN payload DROP NOT NULL;
+ALTER TABLE obx.skipped_events ALTER COLUMN payload DROP NOT NULL;
+
+/* The dedupe history compares bytes (its primary key is rebuilt). */
+ALTER TABLE obx.processed_events
+	ALTER COLUMN consumer_name TYPE text COLLATE pg_catalog."C",
+	ALTER COLUMN event_id TYPE text COLLATE pg_catalog."C";
+
+/*
+ * obx.subscriptions names its handler by text, with handler_owner after
+ * it: the table is made again, in 1.1's column order, and its rows copied.
+ * What depends on its row type goes first and comes back below.
+ */
+DROP VIEW obx.consumers;
+DROP VIEW obx.consumer_status;
+DROP FUNCTION obx._subscription_problem(obx.subscriptions);
+ALTER TABLE obx.subscriptions RENAME TO subscriptions_1_0;
+/*
+ * Its constraints too (the primary key, the checks and, from PostgreSQL 18
+ * on, the NOT NULLs), so that the new table's get the names 1.1's have.
+ */
+DO $$
+DECLARE
+	c record;
+BEGIN
+	FOR c IN SELECT k.conname FROM pg_catalog.pg_constraint k
+			  WHERE k.conrelid = 'obx.subscriptions_1_0'::pg_catalog.regclass
+				AND k.conname LIKE 'subscriptions\_%'
+	LOOP
+		EXECUTE pg_catalog.format('ALTER TABLE obx.subscriptions_1_0 RENAME CONSTRAINT %I TO %I',
+								  c.conname, 'subscriptions_1_0_' || pg_catalog.substr(c.conname, 15));
+	END LOOP;
+END
+$$;
+
+CREATE TABLE obx.subscriptions (
+	consumer_name		text		PRIMARY KEY
+		CHECK (consumer_name ~ '^[A-Za-z0-9._-]{1,200}$'),
+	topics				text[]		NOT NULL
+		CHECK (cardinality(topics) > 0),
+	/*
+	 * The handler by name, schema-qualified ("app.on_order(obx.inbound_event)"),
+	 * not by OID: pg_upgrade keeps no function's OID.  handler_owner is the
+	 * function's owner when it was subscribed; a function of that name that
+	 * another role owns is not the handler (obx._handler).
+	 */
+	handler				text		NOT NULL,
+	handler_owner		regrole,
+	options				jsonb		NOT NULL DEFAULT '{}',
+	owner				regrole		NOT NULL,
+	created_at			timestamptz NOT NULL DEFAULT now(),
+	updated_at			timestamptz NOT NULL DEFAULT now()
+);
+
+/*
+ * The last Kafka error a consumer group's workers met (a subscribed topic
+ * that does not exist, brokers out of reach, a configuration librdkafka
+ * refused), one row per group: written when the workers log it (at most
+ * once a minute per error), deleted once a message of the group is
+ * fetched again, and by obx.unsubscribe.  obx.consumers shows it, the
+ * text to pg_monitor only: it can name brokers and the superuser's Kafka
+ * settings, which the subscription's owner may not read.
+ */
+CREATE TABLE obx.consumer_kafka_errors (
+	consumer_name		text		PRIMARY KEY,
+	error				text		NOT NULL,
+	error_at			timestamptz NOT NULL
+);
+
+/*
+ * The function a subscription's handler names, while it is owned by the
+ * role that owned it when subscribed; NULL otherwise (dropped, renamed,
+ * or re-created by another role).
+ */
+CREATE FUNCTION obx._handler(s obx.subscriptions)
+RETURNS regprocedure
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT p.oid::pg_catalog.regprocedure
+	  FROM pg_catalog.pg_proc p
+	 WHERE p.oid = pg_catalog.to_regprocedure(s.handler)
+	   AND p.proowner = s.handler_owner
+$$;
+
+/*
+ * A 1.0 row's handler is a regprocedure: its text with the search_path
+ * pinned is the schema-qualified form 1.1 writes, and its owner now is
+ * the handler's owner (1.0 did not keep it).  A handler dropped since
+ * (its OID names no function) is written as a name no function has, not
+ * as the OID, which to_regprocedure reads as an OID from PostgreSQL 16 on
+ * and refuses before: obx.consumers.problem says the handler no longer
+ * exists, until obx.subscribe names one.
+ */
+DO $$
+DECLARE
+	path text := pg_catalog.current_setting('search_path');
+BEGIN
+	PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+	INSERT INTO obx.subscriptions (consumer_name, topics, handler, handler_owner, options,
+								   owner, created_at, updated_at)
+	SELECT s.consumer_name, s.topics,
+		   CASE WHEN p.oid IS NOT NULL THEN s.handler::text
+				ELSE pg_catalog.format('obx.%I(obx.inbound_event)',
+									   'dropped handler ' || s.handler::oid) END,
+		   p.proowner::regrole, s.options, s.owner, s.created_at, s.updated_at
+	  FROM obx.subscriptions_1_0 s
+	  LEFT JOIN pg_catalog.pg_proc p ON p.oid = s.handler;
+	PERFORM pg_catalog.set_config('search_path', path, true);
+END
+$$;
+ALTER EXTENSION obx DROP TABLE obx.subscriptions_1_0;
+DROP TABLE obx.subscriptions_1_0;
+
+/*
+ * The handler runs as the subscription's owner.  Subscriptions are written
+ * by obx.subscribe (as the extension owner, which sets the owner and the
+ * handler's owner it checked); nobody else is granted writes.  Should a
+ * superuser grant them anyway, a row written by a non-superuser is owned by
+ * that writer, and its handler_owner is the function's current owner, so a
+ * role allowed to write subscriptions cannot make a handler run as someone
+ * else.  Every row's handler is written in its schema-qualified form, the
+ * one obx._handler resolves whatever the search_path.
+ */
+CREATE OR REPLACE FUNCTION obx._subscription_owner()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	fn regprocedure := pg_catalog.to_regprocedure(NEW.handler);
+BEGIN
+	IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
+					  WHERE r.rolname = current_user), false) THEN
+		NEW.owner := current_user::regrole;
+		NEW.handler_owner := NULL;
+	END IF;
+	IF fn IS NOT NULL THEN
+		NEW.handler := fn::text;
+		IF NEW.handler_owner IS NULL THEN
+			NEW.handler_owner := (SELECT p.proowner FROM pg_catalog.pg_proc p
+								   WHERE p.oid = fn)::regrole;
+		END IF;
+	END IF;
+	RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER subscriptions_owner
+	BEFORE INSERT OR UPDATE ON obx.subscriptions
+	FOR EACH ROW EXECUTE FUNCTION obx._subscription_owner();
+
+/*
+ * enqueue_many: obx.enqueue for many events of one topic at once.  Element
+ * i of the arrays is one event; NULL optional arrays or elements mean what
+ * NULL arguments of obx.enqueue mean.  Returns the ids in array order.
+ */
+CREATE FUNCTION obx.enqueue_many(
+	topic text,
+	event_keys text[],
+	payloads jsonb[],
+	aggregate_ids text[] DEFAULT NULL,
+	event_types text[] DEFAULT NULL,
+	headers jsonb[] DEFAULT NULL,
+	event_ids uuid[] DEFAULT NULL)
+RETURNS uuid[]
+AS 'MODULE_PATHNAME', 'obx_enqueue_many'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+/*
+ * A tombstone: the key with a null value, for compacted topics.  Stored
+ * as an event whose payload is NULL, so it keeps its place (seq) among
+ * the key's events.  Only this function stores a NULL payload.
+ */
+CREATE FUNCTION obx.enqueue_tombstone(
+	topic text,
+	event_key text,
+	aggregate_id text DEFAULT NULL,
+	event_type text DEFAULT NULL,
+	headers jsonb DEFAULT NULL,
+	event_id uuid DEFAULT NULL)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'obx_enqueue_tombstone'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+/*
+ * Whether a relay of this server publishes the current database's outbox:
+ * NULL if one does, else why not (obx.status.problem).  _warn_unserved
+ * raises the warning the end of this script and a session's first
+ * obx.enqueue give then.  See src/status.c.
+ */
+CREATE FUNCTION obx._relay_problem()
+RETURNS text
+AS 'MODULE_PATHNAME', 'obx_relay_problem'
+LANGUAGE C STABLE;
+
+CREATE FUNCTION obx._warn_unserved()
+RETURNS void
+AS 'MODULE_PATHNAME', 'obx_warn_unserved'
+LANGUAGE C VOLATILE;
+
+/*
+ * Publish latency per topic, from enqueue (occurred_at) to the broker's
+ * acknowledgement (published_at), counted in shared memory by the relay
+ * as it records deliveries: Prometheus-style cumulative buckets.  See
+ * src/latency.c.
+ */
+CREATE FUNCTION obx.publish_latency_buckets(
+	OUT topic text,
+	OUT le float8,
+	OUT count bigint,
+	OUT sum float8)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'obx_publish_latency'
+LANGUAGE C VOLATILE;
+
+/*
+ * What is wrong with the value a subscription gives an allowed Kafka
+ * property, as {message, hint} (hint may be NULL), or NULL: a fetch or
+ * queue size over librdkafka's default (a subscription may lower them, not
+ * raise them), or a value librdkafka refuses.  Granted to nobody: the
+ * functions below run as the extension owner.
+ */
+CREATE FUNCTION obx._kafka_value_problem(name text, value text)
+RETURNS text[]
+AS 'MODULE_PATHNAME', 'obx_subscription_kafka_value_problem'
+LANGUAGE C IMMUTABLE STRICT;
+
+/* obx.workers gains the database column. */
+DROP VIEW obx.workers;
+DROP FUNCTION obx.worker_status();
+CREATE FUNCTION obx.worker_status(
+	OUT worker integer,
+	OUT database text,
+	OUT pid integer,
+	OUT state text,
+	OUT batches bigint,
+	OUT published bigint,
+	OUT errors bigint,
+	OUT started_at timestamptz,
+	OUT last_success_at timestamptz,
+	OUT last_error_at timestamptz,
+	OUT last_error text,
+	OUT events_per_second float8)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'obx_worker_status'
+LANGUAGE C VOLATILE;
+
+/*
+ * What is wrong with subscription options, as {sqlstate, message, hint}
+ * (hint may be NULL), or NULL when they are fine.  obx.subscribe raises
+ * it; the consumer workers and obx.consumers report it for a row that
+ * holds bad options anyway, and skip that subscription.
+ */
+CREATE OR REPLACE FUNCTION obx._options_problem(options jsonb)
+RETURNS text[]
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	opt record;
+	bad text;
+	problem text[];
+	whole numeric;
+BEGIN
+	IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
+		RETURN ARRAY['22023', 'obx subscription options must be a JSON object', NULL];
+	END IF;
+	FOR opt IN SELECT * FROM jsonb_each(options) LOOP
+		/* The value as a whole number, or NULL if it is not one. */
+		whole := CASE WHEN jsonb_typeof(opt.value) = 'number' THEN
+					 CASE WHEN opt.value::numeric = trunc(opt.value::numeric)
+						  THEN opt.value::numeric END END;
+		IF opt.key = 'kafka' THEN
+			IF jsonb_typeof(opt.value) <> 'object' OR EXISTS (
+				SELECT 1 FROM jsonb_each(opt.value) k WHERE jsonb_typeof(k.value) <> 'string') THEN
+				RETURN ARRAY['22023',
+					'obx subscription option "kafka" must be an object of string values',
+					'For example: {"kafka": {"session.timeout.ms": "10000"}}'];
+			END IF;
+			SELECT k INTO bad FROM jsonb_object_keys(opt.value) k
+			 WHERE k NOT IN (SELECT obx.subscription_kafka_properties())
+			 ORDER BY k LIMIT 1;
+			IF bad IS NOT NULL THEN
+				RETURN ARRAY['22023',
+					format('Kafka property "%s" cannot be set by an obx subscription', bad),
+					'A subscription may set consumer tuning properties only (obx.subscription_kafka_properties() lists them). '
+					'Connection, security, plugin and file properties are set by a superuser, '
+					'in obx.kafka_properties or obx.kafka_properties_file.'];
+			END IF;
+			SELECT p INTO problem
+			  FROM jsonb_each_text(opt.value) k, obx._kafka_value_problem(k.key, k.value) p
+			 WHERE p IS NOT NULL
+			 ORDER BY k.key LIMIT 1;
+			IF problem IS NOT NULL THEN
+				RETURN ARRAY['22023', problem[1], problem[2]];
+			END IF;
+		ELSIF opt.key = 'start' THEN
+			IF opt.value NOT IN ('"earliest"', '"latest"') THEN
+				RETURN ARRAY['22023',
+					'obx subscription option "start" must be "earliest" or "latest"', NULL];
+			END IF;
+		ELSIF opt.key = 'retry_sqlstates' THEN
+			IF jsonb_typeof(opt.value) <> 'array' OR EXISTS (
+				SELECT 1 FROM jsonb_array_elements(opt.value) s
+				 WHERE jsonb_typeof(s) <> 'string' OR s #>> '{}' !~ '^[0-9A-Z]{5}$') THEN
+				RETURN ARRAY['22023',
+					'obx subscription option "retry_sqlstates" must be an array of SQLSTATE codes',
+					'For example: {"retry_sqlstates": ["P0001"]}'];
+			END IF;
+		ELSIF opt.key = 'handler_timeout_ms' THEN
+			IF whole IS NULL OR whole NOT BETWEEN 0 AND 2147483647 THEN
+				RETURN ARRAY['22023',
+					'obx subscription option "handler_timeout_ms" must be a whole number of milliseconds from 0 to 2147483647',
+					'For example: {"handler_timeout_ms": 5000}; 0 means no limit.'];
+			END IF;
+		ELSIF opt.key = 'max_attempts' THEN
+			IF whole IS NULL OR whole NOT BETWEEN 1 AND 1000000 THEN
+				RETURN ARRAY['22023',
+					'obx subscription option "max_attempts" must be a whole number from 1 to 1000000',
+					'For example: {"max_attempts": 10}: a message whose handler fails transiently 10 times is dead-lettered. '
+					'Without it, such a message is retried until it succeeds.'];
+			END IF;
+		ELSE
+			RETURN ARRAY['22023', format('unknown obx subscription option "%s"', opt.key),
+						 'Known options: kafka, start, retry_sqlstates, handler_timeout_ms, max_attempts.'];
+		END IF;
+	END LOOP;
+	RETURN NULL;
+END
+$$;
+
+/*
+ * Why the consumer workers cannot serve a subscription row, or NULL: its
+ * owner or handler is gone, or the row holds what obx.subscribe would
+ * have refused (written by a superuser directly).  Such a subscription is
+ * reported and skipped; the others go on.  It says nothing secret, and
+ * whoever may read obx.consumers must be able to execute it (it runs as
+ * the extension owner, so that its own calls need no grant).
+ */
+CREATE FUNCTION obx._subscription_problem(s obx.subscriptions)
+RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT CASE
+		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)
+		THEN format('its owner (role with OID %s) no longer exists', s.owner::oid)
+		WHEN pg_catalog.to_regprocedure(s.handler) IS NULL
+		THEN 'its handler no longer exists'
+		WHEN obx._handler(s) IS NULL
+		THEN 'its handler belongs to another role than when it was subscribed'
+		WHEN s.topics IS NULL OR pg_catalog.cardinality(s.topics) = 0
+			 OR pg_catalog.array_position(s.topics, NULL) IS NOT NULL
+			 OR EXISTS (SELECT 1 FROM pg_catalog.unnest(s.topics) t
+						 WHERE t !~ '^[A-Za-z0-9._-]{1,249}$')
+		THEN 'its topics are not valid Kafka topic names'
+		ELSE (obx._options_problem(s.options))[2]
+	END
+$$;
+
+/*
+ * subscribe: register (or replace) a subscription.  The consumer workers
+ * pick it up within obx.poll_interval.  The handler runs as the owner of
+ * the consumer name: the role that subscribed it first.
+ *
+ * obx.subscribe itself is a C function (src/consumer_sql.c) that passes
+ * its caller to obx._subscribe, which writes obx.subscriptions as the
+ * extension owner: nobody else may write that table, and a SECURITY
+ * DEFINER function cannot tell who called it.  obx._subscribe is granted
+ * to nobody, so caller cannot be forged.
+ */
+CREATE OR REPLACE FUNCTION obx._subscribe(caller oid, consumer_name text, topics text[],
+							   handler regprocedure, options jsonb)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	fn pg_proc;
+	problem text[];
+	owner_role oid;
+	sub_owner oid;
+BEGIN
+	IF consumer_name IS NULL OR topics IS NULL OR handler IS NULL OR options IS NULL THEN
+		RAISE EXCEPTION 'obx.subscribe arguments must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF consumer_name !~ '^[A-Za-z0-9._-]{1,200}$' THEN
+		RAISE EXCEPTION 'invalid obx consumer name "%"', consumer_name
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'It names the Kafka consumer group: 1 to 200 of A-Z, a-z, 0-9, ".", "_" and "-".';
+	END IF;
+	IF cardinality(topics) = 0 OR array_position(topics, NULL) IS NOT NULL
+	   OR EXISTS (SELECT 1 FROM unnest(topics) t WHERE t !~ '^[A-Za-z0-9._-]{1,249}$') THEN
+		RAISE EXCEPTION 'obx.subscribe needs one or more valid Kafka topic names'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = format('Got %s.', topics);
+	END IF;
+
+	SELECT * INTO fn FROM pg_proc p WHERE p.oid = handler;
+	IF fn.prokind <> 'f' OR fn.proretset OR fn.pronargs <> 1
+	   OR fn.proargtypes[0] <> 'obx.inbound_event'::regtype THEN
+		RAISE EXCEPTION 'obx handler % must be a function taking one obx.inbound_event', handler
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'For example: CREATE FUNCTION app.on_order(e obx.inbound_event) RETURNS void ...';
+	END IF;
+
+	/*
+	 * The consumer name is the caller's if nobody owns it yet; else the
+	 * caller must act for its owner.  A subscription row written directly
+	 * with another owner must be the caller's to replace, too.
+	 */
+	INSERT INTO obx.consumer_owners AS o (consumer_name, owner)
+	VALUES (_subscribe.consumer_name, caller)
+	ON CONFLICT DO NOTHING;
+	SELECT o.owner INTO owner_role FROM obx.consumer_owners o
+	 WHERE o.consumer_name = _subscribe.consumer_name FOR UPDATE;
+	PERFORM obx._check_consumer_owner(caller, consumer_name, owner_role);
+	IF NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = owner_role) THEN
+		/* Its owner was dropped: the superuser who got here takes it over. */
+		UPDATE obx.consumer_owners o SET owner = caller, claimed_at = now()
+		 WHERE o.consumer_name = _subscribe.consumer_name;
+		owner_role := caller;
+	END IF;
+	SELECT s.owner INTO sub_owner FROM obx.subscriptions s
+	 WHERE s.consumer_name = _subscribe.consumer_name FOR UPDATE;
+	IF FOUND AND sub_owner <> owner_role THEN
+		PERFORM obx._check_consumer_owner(caller, consumer_name, sub_owner);
+	END IF;
+
+	IF NOT has_function_privilege(caller, handler, 'EXECUTE')
+	   OR NOT has_function_privilege(owner_role, handler, 'EXECUTE') THEN
+		RAISE EXCEPTION 'permission denied for obx handler %', handler
+			USING ERRCODE = 'insufficient_privilege';
+	END IF;
+
+	problem := obx._options_problem(options);
+	IF problem IS NOT NULL AND problem[3] IS NULL THEN
+		RAISE EXCEPTION USING ERRCODE = problem[1], MESSAGE = problem[2];
+	ELSIF problem IS NOT NULL THEN
+		RAISE EXCEPTION USING ERRCODE = problem[1], MESSAGE = problem[2], HINT = problem[3];
+	END IF;
+
+	INSERT INTO obx.subscriptions AS s (consumer_name, topics, handler, handler_owner,
+										options, owner)
+	VALUES (_subscribe.consumer_name, _subscribe.topics, _subscribe.handler::text,
+			fn.proowner::regrole, _subscribe.options, owner_role::regrole)
+	ON CONFLICT ON CONSTRAINT subscriptions_pkey DO UPDATE
+	   SET topics = excluded.topics, handler = excluded.handler,
+		   handler_owner = excluded.handler_owner,
+		   options = excluded.options, owner = excluded.owner, updated_at = now()
+	 WHERE (s.topics, s.handler, s.handler_owner, s.options, s.owner)
+		   IS DISTINCT FROM (excluded.topics, excluded.handler, excluded.handler_owner,
+							 excluded.options, excluded.owner);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION obx._unsubscribe(caller oid, consumer_name text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	sub_owner oid;
+BEGIN
+	SELECT s.owner INTO sub_owner FROM obx.subscriptions s
+	 WHERE s.consumer_name = _unsubscribe.consumer_name FOR UPDATE;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	PERFORM obx._check_consumer_owner(caller, consumer_name, sub_owner);
+	DELETE FROM obx.subscriptions s WHERE s.consumer_name = _unsubscribe.consumer_name;
+	DELETE FROM obx.consumer_kafka_errors k WHERE k.consumer_name = _unsubscribe.consumer_name;
+	RETURN true;
+END
+$$;
+
+/*
+ * replay_dead_letter: run the subscription's current handler on dead
+ * letters, in the caller's transaction, each in a subtransaction of its
+ * own.  One that fails again stays a dead letter with the new error.
+ * Who may replay is who may EXECUTE it: it runs as the extension owner
+ * (it marks the event processed and reads the subscription), and the
+ * handler itself runs as the subscription's owner, restricted
+ * (obx._replay_handler), never as the caller or the extension owner.
+ */
+CREATE OR REPLACE FUNCTION obx.replay_dead_letter(ids bigint[])
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	d obx.dead_letters;
+	sub text;
+	fn regprocedure;
+	applied integer := 0;
+BEGIN
+	IF ids IS NULL THEN
+		RAISE EXCEPTION 'obx.replay_dead_letter needs dead letter ids'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	FOR d IN SELECT * FROM obx.dead_letters l
+			  WHERE l.id = ANY (ids) AND l.replayed_at IS NULL
+			  ORDER BY l.id FOR UPDATE
+	LOOP
+		SELECT s.consumer_name, obx._handler(s) INTO sub, fn FROM obx.subscriptions s
+		 WHERE s.consumer_name = d.consumer_name;
+		BEGIN
+			IF sub IS NULL THEN
+				RAISE EXCEPTION 'no obx subscription "%"', d.consumer_name
+					USING ERRCODE = 'undefined_object';
+			ELSIF fn IS NULL THEN
+				RAISE EXCEPTION 'the handler of obx subscription "%" no longer exists', d.consumer_name
+					USING ERRCODE = 'undefined_function',
+						  HINT = 'obx.consumers.problem says why; obx.subscribe names a handler again.';
+			END IF;
+			/* A tombstone (no payload, no raw value) is replayed as one. */
+			IF d.event_id IS NULL OR (d.payload IS NULL AND d.raw_payload IS NOT NULL) THEN
+				RAISE EXCEPTION 'dead letter % has no %', d.id,
+					CASE WHEN d.event_id IS NULL THEN 'event id' ELSE 'JSON payload' END
+					USING ERRCODE = 'invalid_parameter_value',
+						  HINT = 'Set event_id and payload in obx.dead_letters first.';
+			END IF;
+			INSERT INTO obx.processed_events (consumer_name, event_id)
+			VALUES (d.consumer_name, d.event_id)
+			ON CONFLICT DO NOTHING;
+			PERFORM obx._replay_handler(d.id);
+			UPDATE obx.dead_letters l
+			   SET replayed_at = now(), replay_attempts = l.replay_attempts + 1,
+				   last_replay_error = NULL
+			 WHERE l.id = d.id;
+			applied := applied + 1;
+		EXCEPTION WHEN OTHERS THEN
+			UPDATE obx.dead_letters l
+			   SET replay_attempts = l.replay_attempts + 1,
+				   last_replay_error = SQLSTATE || ': ' || SQLERRM
+			 WHERE l.id = d.id;
+		END;
+	END LOOP;
+	RETURN applied;
+END
+$$;
+
+CREATE VIEW obx.workers AS SELECT * FROM obx.worker_status();
+
+/* Cumulative histogram per topic since the server started (src/latency.c). */
+CREATE VIEW obx.publish_latency AS SELECT * FROM obx.publish_latency_buckets();
+
+/*
+ * Median and 99th percentile of the publish latency per topic over the
+ * last minute, from the retained events themselves (the published_at
+ * index finds them).  Reads every event published in the window: at high
+ * rates prefer histogram_quantile over obx_publish_latency_seconds.
+ */
+CREATE VIEW obx.publish_latency_summary AS
+SELECT e.topic,
+	   count(*) AS events,
+	   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)) AS p50,
+	   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)) AS p99,
+	   interval '1 minute' AS window_length
+  FROM obx.outbox_events e
+ WHERE e.published_at IS NOT NULL
+   AND e.published_at > now() - interval '1 minute'
+ GROUP BY e.topic;
+
+/*
+ * Error texts (a handler's errors can quote the data it was given) are
+ * shown to pg_monitor members, superusers and the consumer's owner (and
+ * its members) only; others who may read the view see NULL there.
+ */
+CREATE VIEW obx.consumer_status AS
+SELECT p.consumer_name, p.topic, p.kafka_partition, p.next_offset,
+	   p.high_watermark,
+	   greatest(p.high_watermark - coalesce(p.next_offset, p.low_watermark), 0) AS lag,
+	   p.processed, p.duplicates, p.dead_lettered, p.retries,
+	   p.last_processed_at, p.last_error_class,
+	   CASE WHEN pg_has_role('pg_monitor', 'USAGE')
+				 OR pg_has_role(coalesce(s.owner, o.owner), 'USAGE')
+			THEN p.last_error END AS last_error,
+	   p.last_error_at, p.watermarks_at
+  FROM obx.consumer_partitions p
+  LEFT JOIN obx.subscriptions s ON s.consumer_name = p.consumer_name
+  LEFT JOIN obx.consumer_owners o ON o.consumer_name = p.consumer_name;
+
+CREATE VIEW obx.consumers AS
+SELECT s.consumer_name, s.topics, s.handler, s.owner,
+	   coalesce(sum(c.processed), 0) AS processed,
+	   coalesce(sum(c.duplicates), 0) AS duplicates,
+	   coalesce(sum(c.dead_lettered), 0) AS dead_lettered,
+	   coalesce(sum(c.retries), 0) AS retries,
+	   coalesce(sum(c.lag), 0) AS lag,
+	   (SELECT count(*) FROM obx.dead_letters l
+		 WHERE l.consumer_name = s.consumer_name
+		   AND l.replayed_at IS NULL) AS dead_letters_pending,
+	   max(c.last_processed_at) AS last_processed_at,
+	   (array_agg(c.last_error ORDER BY c.last_error_at DESC)
+		  FILTER (WHERE c.last_error IS NOT NULL))[1] AS last_error,
+	   max(c.last_error_at) AS last_error_at,
+	   obx._subscription_problem(s) AS problem,
+	   CASE WHEN pg_has_role('pg_monitor', 'USAGE') THEN k.error END AS kafka_error,
+	   k.error_at AS kafka_error_at
+  FROM obx.subscriptions s
+  LEFT JOIN obx.consumer_status c ON c.consumer_name = s.consumer_name
+		AND c.topic = ANY (s.topics)
+  LEFT JOIN obx.consumer_kafka_errors k ON k.consumer_name = s.consumer_name
+ GROUP BY s.consumer_name, s.topics, s.handler, s.owner, k.error, k.error_at;
+
+/* As 1.0 left the rest (obx--1.0.sql, "Privileges"). */
+REVOKE ALL ON obx.subscriptions, obx.consumer_kafka_errors, obx.workers, obx.publish_latency,
+	obx.publish_latency_summary, obx.consumer_status, obx.consumers FROM PUBLIC;
+REVOKE ALL ON FUNCTION obx.enqueue_many(text, text[], jsonb[], text[], text[], jsonb[], uuid[]),
+	obx.enqueue_tombstone(text, text, text, text, jsonb, uuid), obx._warn_unserved(),
+	obx._handler(obx.subscriptions), obx._kafka_value_problem(text, text),
+	obx.worker_status(), obx._subscription_problem(obx.subscriptions),
+	obx._relay_problem(), obx.publish_latency_buckets() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION obx.worker_status(), obx._subscription_problem(obx.subscriptions),
+	obx._relay_problem(), obx.publish_latency_buckets() TO PUBLIC;
+
+COMMENT ON TABLE obx.subscriptions IS
+	'Kafka topics the consumer workers read, as consumer group consumer_name, and the handler each message goes to';
+COMMENT ON TABLE obx.consumer_kafka_errors IS
+	'The last Kafka error of each consumer group, until a message of it is fetched again (obx.consumers.kafka_error)';
+COMMENT ON FUNCTION obx.enqueue_many(text, text[], jsonb[], text[], text[], jsonb[], uuid[]) IS
+	'Store many events of one topic in the outbox inside the current transaction, in array order; returns their ids';
+COMMENT ON FUNCTION obx.enqueue_tombstone(text, text, text, text, jsonb, uuid) IS
+	'Store a tombstone (the key with a null value) in the outbox inside the current transaction; returns its id';
+COMMENT ON COLUMN obx.outbox_events.payload IS
+	'The message value; NULL for a tombstone (obx.enqueue_tombstone), published as a null value';
+COMMENT ON VIEW obx.workers IS
+	'One row per relay worker: the database it serves, state, counters, events/s, last success and last error';
+COMMENT ON VIEW obx.publish_latency IS
+	'Per topic, enqueue to Kafka acknowledgement: cumulative counts of events whose latency was at most le seconds, and the sum in seconds, since the server started';
+COMMENT ON VIEW obx.publish_latency_summary IS
+	'Per topic, median and 99th percentile of enqueue to Kafka acknowledgement, in seconds, over the events published in the last minute';
+COMMENT ON VIEW obx.consumer_status IS
+	'Per consumer, topic and partition: position, lag, processed, duplicates, dead letters, retries, last error';
+COMMENT ON VIEW obx.consumers IS
+	'One row per subscription: totals, lag, dead letters waiting for replay, last error, and why the workers skip it (problem)';
+
+SELECT pg_catalog.pg_extension_config_dump('obx.subscriptions', '');
+
+/*
+ * No silent dead end: warn now if no relay of this server will publish
+ * this database's outbox (src/base/status.c), as 1.1's obx--1.0.sql did
+ * at its end.
+ */
+SELECT obx._warn_unserved();
+
+/* ---------------------------------------------------------------------
+ * Part 2: the outbox log (1.1's own update)
+ * --------------------------------------------------------------------- */
+
 
 /* ---------------------------------------------------------------------
  * Generations.  The high bits of obx.event_seq and obx.lease_seq (bits 40
@@ -28,36 +700,15 @@ CREATE TABLE obx.generations (
 INSERT INTO obx.generations (generation) VALUES (0);
 
 /*
- * The transaction-id space this database's rows come from (its era): a
- * number drawn at random when obx is installed, the constant of this
- * function.  Transaction ids and snapshots mean something only in the
- * cluster that assigned them, but logical replication copies obx's rows
- * into another cluster and pg_dump restores them into one: each event and
- * each claim keeps the era it was written in, and a relay compares only its
- * own era's transaction ids with its own snapshots.  A physical copy (a
- * standby, a point-in-time recovery, pg_upgrade, CREATE DATABASE from a
- * template) keeps the transaction ids and this function alike; CREATE
- * EXTENSION in another cluster, and so a restore from pg_dump, draws a new
- * era.  Two installs draw the same one with a chance of 1 in 2^31.
- */
-DO $$
-BEGIN
-	EXECUTE format('CREATE FUNCTION obx._era() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS %L',
-				   'SELECT ' || (1 + floor(random() * 2147483646))::integer);
-END
-$$;
-
-/*
  * The events, in three partitions.  Inserted by obx.enqueue and never
  * written again.  xid is the inserting transaction's 64-bit id (an xid8 as
- * a bigint, which the planner can estimate ranges of) and era its space:
- * the claim finds late committers by xid, among its own era's events.
+ * a bigint, which the planner can estimate ranges of): the claim finds
+ * late committers by it.
  */
 CREATE TABLE obx.events (
 	id					uuid		NOT NULL,
 	seq					bigint		NOT NULL DEFAULT nextval('obx.event_seq'),
 	xid					bigint		NOT NULL DEFAULT pg_current_xact_id()::text::bigint,
-	era					integer		NOT NULL DEFAULT obx._era(),
 	aggregate_id		text		NOT NULL,
 	topic				text		NOT NULL,
 	event_key			text		NOT NULL,
@@ -84,9 +735,6 @@ CREATE INDEX events_xid_idx ON obx.events (xid);
  * in snap with a lower seq is published or held in obx.event_states.  The
  * next claim starts from the latest tick (obx._unpublished).  A claim that
  * took nothing appends a tick only (ids NULL) when the floor moved.
- * max_seq is the highest seq of the lease's events, or past every seq when
- * it holds one from obx.event_states (OBX_SQL_LEASE in protocol.h says why).
- * era is the claim's (obx._era()): a tick of another era is no tick here.
  */
 CREATE TABLE obx.claims (
 	lease_id			bigint		NOT NULL,
@@ -94,7 +742,6 @@ CREATE TABLE obx.claims (
 	until				timestamptz NOT NULL,
 	claimed_at			timestamptz NOT NULL DEFAULT now(),
 	snap				pg_snapshot NOT NULL,
-	era					integer		NOT NULL DEFAULT obx._era(),
 	floor				bigint		NOT NULL,
 	max_seq				bigint,
 	ids					uuid[],
@@ -121,9 +768,7 @@ CREATE INDEX renewals_lease_idx ON obx.renewals (lease_id);
  * Records: one row per batch that came back, appended by the record step:
  * the events Kafka acknowledged, where each landed and when.  A record ends
  * its lease, whatever it holds (a release holds no event).  max_seq is the
- * claim's, so that the claim finds every record that can matter to it;
- * min_seq is the claim's lowest seq (NULL: no lower bound, as in a record
- * written by hand), and seqs the range of both.
+ * claim's, so that the claim finds every record that can matter to it.
  */
 CREATE TABLE obx.records (
 	lease_id			bigint		NOT NULL,
@@ -132,25 +777,15 @@ CREATE TABLE obx.records (
 	ids					uuid[]		NOT NULL,
 	partitions			integer[]	NOT NULL,
 	offsets				bigint[]	NOT NULL,
-	published_at		timestamptz[] NOT NULL,
-	min_seq				bigint,
-	seqs				numrange	GENERATED ALWAYS AS (numrange(min_seq, max_seq, '[]')) STORED
+	published_at		timestamptz[] NOT NULL
 ) PARTITION BY LIST (((lease_id >> 40) % 3));
 CREATE TABLE obx.records_0 PARTITION OF obx.records FOR VALUES IN (0);
 CREATE TABLE obx.records_1 PARTITION OF obx.records FOR VALUES IN (1);
 CREATE TABLE obx.records_2 PARTITION OF obx.records FOR VALUES IN (2);
 CREATE INDEX records_lease_idx ON obx.records (lease_id);
 CREATE INDEX records_max_seq_idx ON obx.records (max_seq);
-/*
- * Where one event landed (obx.outbox_events): the records whose claim's
- * seq range holds the event's seq, one index entry per record.  A GIN
- * index on ids, one entry per event, took a fifth of the relay's CPU in a
- * drain (docs/benchmarks.md, "The records' index").  numrange, not
- * int8range: a lease holding a retried event has max_seq 2^63 - 1, one
- * past which int8range cannot close.  Stored, so that a scan of a few
- * records compares ranges instead of building one per record and event.
- */
-CREATE INDEX records_seqs_idx ON obx.records USING gist (seqs);
+/* Where one event landed (obx.outbox_events). */
+CREATE INDEX records_ids_idx ON obx.records USING gin (ids);
 
 /*
  * The few events that are not simply pending or published: failing
@@ -193,8 +828,8 @@ INSERT INTO obx.events (id, seq, aggregate_id, topic, event_key, event_type,
 SELECT id, seq, aggregate_id, topic, event_key, event_type, headers, payload, occurred_at
   FROM obx.outbox_events;
 
-INSERT INTO obx.records (lease_id, recorded_at, min_seq, max_seq, ids, partitions, offsets, published_at)
-SELECT nextval('obx.lease_seq'), now(), min(seq), max(seq), array_agg(id ORDER BY seq),
+INSERT INTO obx.records (lease_id, recorded_at, max_seq, ids, partitions, offsets, published_at)
+SELECT nextval('obx.lease_seq'), now(), max(seq), array_agg(id ORDER BY seq),
 	   array_agg(coalesce(kafka_partition, -1) ORDER BY seq),
 	   array_agg(coalesce(kafka_offset, -1) ORDER BY seq),
 	   array_agg(published_at ORDER BY seq)
@@ -218,6 +853,7 @@ DROP VIEW obx.status;
 DROP VIEW obx.leased_events;
 DROP VIEW obx.quarantine;
 DROP VIEW obx.publish_latency_summary;
+DROP FUNCTION obx.replay(text, timestamptz, timestamptz);
 ALTER EXTENSION obx DROP TABLE obx.outbox_events;
 ALTER EXTENSION obx DROP TABLE obx.leases;
 DROP TABLE obx.leases;
@@ -233,38 +869,25 @@ DROP TABLE obx.outbox_events;
  * The records that can name an event _unpublished considers, as of the
  * tick (floor, tick): those of batches that held an event at or above the
  * floor, and those of every claim after the tick.
- *
- * PL/pgSQL, not an inlined SQL function, for the claim's sake: the claim
- * and the floor use this set four times between them, and inlined, each
- * use put a scan of every partition of obx.records into their plans, all
- * started (ExecutorStart) on every claim whether it ran or not, which
- * costs the relay most at a steady rate (docs/benchmarks.md).  Called, it
- * starts only where it runs.
  */
 CREATE FUNCTION obx._published_ids(floor bigint, tick bigint)
 RETURNS SETOF uuid
-LANGUAGE plpgsql STABLE
+LANGUAGE sql STABLE
 AS $$
-BEGIN
-	RETURN QUERY
 	SELECT u.id
-	  FROM obx.records r, pg_catalog.unnest(r.ids) AS u(id)
-	 WHERE r.max_seq >= _published_ids.floor OR r.lease_id > _published_ids.tick;
-END
+	  FROM obx.records r, unnest(r.ids) AS u(id)
+	 WHERE r.max_seq >= _published_ids.floor OR r.lease_id > _published_ids.tick
 $$;
 
 /*
  * The events neither published nor held in obx.event_states, as of the
  * tick (floor, snap, tick) of the latest claim, in two parts: those at or
  * above the floor (_unpublished_from, read in seq order on the seq index),
- * and the late committers below it (_unpublished_late: transactions of this
- * era that were running or not yet started when snap was taken, on the xid
- * index).
+ * and the late committers below it (_unpublished_late: transactions that
+ * were running or not yet started when snap was taken, on the xid index).
  * Each part is one SELECT, inlined into the claim, which reads each in seq
  * order up to the batch size: the planner merges the partitions' index
- * scans and stops early, which it does not do across a UNION ALL (the
- * claim's batch spells _unpublished_from out: OBX_SQL_CLAIM in
- * src/protocol/protocol.h says why).
+ * scans and stops early, which it does not do across a UNION ALL.
  * _unpublished is both, for the rest.
  */
 CREATE FUNCTION obx._unpublished_from(floor bigint, tick bigint)
@@ -283,35 +906,23 @@ CREATE FUNCTION obx._unpublished_late(floor bigint, snap pg_snapshot, tick bigin
 RETURNS SETOF obx.events
 LANGUAGE sql STABLE
 AS $$
-	/*
-	 * seq + 0: the xid index, never the seq index below the floor (all
-	 * history).  One scan of each partition for both kinds of late
-	 * committer (a bitmap OR on the xid index): a UNION ALL of the two
-	 * started twice as many scans on every claim (docs/benchmarks.md).
-	 * The range ends at the current snapshot's horizon, which no visible
-	 * event passes: events of another era whose xids lie beyond it (a
-	 * cluster ahead of this one) stay out of the scan, and the few inside
-	 * the range are left out by their era.  An index on (era, xid), or on
-	 * xid for this era only, made the planner scan it whole instead.
-	 * The range holds every transaction since snap, whose events are
-	 * nearly all at or above the floor: the subquery (OFFSET 0 keeps it
-	 * one) leaves them out before the published and held ids are looked
-	 * up, which the planner would do first, reading obx.records on every
-	 * claim for nothing, and once per partition.
-	 */
-	SELECT c.*
-	  FROM (SELECT e.*
-			  FROM obx.events e
-			 WHERE ((e.xid >= pg_snapshot_xmax(_unpublished_late.snap)::text::bigint
-					 AND e.xid < pg_snapshot_xmax(pg_current_snapshot())::text::bigint)
-					OR e.xid = ANY (ARRAY(SELECT x::text::bigint
-											FROM pg_snapshot_xip(_unpublished_late.snap) x)))
-			   AND e.era = obx._era()
-			   AND e.seq + 0 < _unpublished_late.floor
-			OFFSET 0) c
-	 WHERE c.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_late.floor,
+	/* seq + 0: the xid index, never the seq index below the floor (all history). */
+	SELECT e.*
+	  FROM obx.events e
+	 WHERE e.xid >= pg_snapshot_xmax(_unpublished_late.snap)::text::bigint
+	   AND e.seq + 0 < _unpublished_late.floor
+	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_late.floor,
 														  _unpublished_late.tick) p)
-	   AND c.id NOT IN (SELECT s.id FROM obx.event_states s)
+	   AND e.id NOT IN (SELECT s.id FROM obx.event_states s)
+	UNION ALL
+	SELECT e.*
+	  FROM obx.events e
+	 WHERE e.xid = ANY (ARRAY(SELECT x::text::bigint
+								FROM pg_snapshot_xip(_unpublished_late.snap) x))
+	   AND e.seq + 0 < _unpublished_late.floor
+	   AND e.id NOT IN (SELECT p FROM obx._published_ids(_unpublished_late.floor,
+														  _unpublished_late.tick) p)
+	   AND e.id NOT IN (SELECT s.id FROM obx.event_states s)
 $$;
 
 CREATE FUNCTION obx._unpublished(floor bigint, snap pg_snapshot, tick bigint)
@@ -326,22 +937,15 @@ $$;
 /*
  * The latest tick: the floor, snapshot and lease id of the latest claim.
  * With no claim (a new install, or a database restored from pg_dump, which
- * keeps no claim), or when the latest claim is of another era (copied by
- * logical replication: its snapshot names another cluster's transactions),
- * the floor and snapshot before everything: every event and every record is
- * read, and no transaction id compared.  The lease id is the latest claim's
- * all the same, so that a claim can tell that obx.lease_seq is behind the
- * claims (a relay's claim draws a higher one).
+ * keeps no claim: another cluster's transaction ids mean nothing here),
+ * the tick before everything: every event and every record is read.
  */
 CREATE FUNCTION obx._tick()
 RETURNS TABLE (floor bigint, snap pg_snapshot, tick bigint)	/* a set: inlined */
 LANGUAGE sql STABLE
 AS $$
 	SELECT * FROM (
-		SELECT CASE WHEN c.era = obx._era() THEN c.floor ELSE 0 END,
-			   CASE WHEN c.era = obx._era() THEN c.snap ELSE '1:1:' END,
-			   c.lease_id
-		  FROM obx.claims c ORDER BY c.lease_id DESC LIMIT 1) t
+		SELECT c.floor, c.snap, c.lease_id FROM obx.claims c ORDER BY c.lease_id DESC LIMIT 1) t
 	UNION ALL
 	SELECT 0, '1:1:', 0
 	ORDER BY 3 DESC
@@ -377,10 +981,8 @@ $$;
 CREATE VIEW obx._latest_tick AS
 SELECT t.floor, t.snap, t.tick FROM (
 	SELECT * FROM (
-		SELECT CASE WHEN c.era = obx._era() THEN c.floor ELSE 0 END AS floor,
-			   CASE WHEN c.era = obx._era() THEN c.snap ELSE '1:1:' END AS snap,
-			   c.lease_id AS tick
-		  FROM obx.claims c ORDER BY c.lease_id DESC LIMIT 1) x
+		SELECT c.floor, c.snap, c.lease_id AS tick FROM obx.claims c
+		 ORDER BY c.lease_id DESC LIMIT 1) x
 	UNION ALL
 	SELECT 0, '1:1:', 0
 	ORDER BY 3 DESC
@@ -401,10 +1003,8 @@ UNION ALL
 SELECT e.*
   FROM obx.events e, t
  WHERE e.seq < t.floor
-   AND ((e.xid >= pg_snapshot_xmax(t.snap)::text::bigint
-		 AND e.xid < pg_snapshot_xmax(pg_current_snapshot())::text::bigint)
+   AND (e.xid >= pg_snapshot_xmax(t.snap)::text::bigint
 		OR e.xid = ANY (ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(t.snap) x)))
-   AND e.era = obx._era()
    AND e.id NOT IN (SELECT id FROM published)
    AND e.id NOT IN (SELECT id FROM held);
 
@@ -431,15 +1031,6 @@ SELECT c.*
  * once the partition it moves to is empty, under the claim lock, so that
  * a claim's lease ids and the events it can see change generation
  * together.  retention_s 0 keeps every event: no rotation.
- *
- * First the table of generations is made to agree with the events: a row
- * for the current generation and for each of the two before it whose
- * partition holds events, and none for an older one, whose partition is a
- * newer generation's now (truncating it would take that generation's
- * events).  They disagree only where obx's rows came from elsewhere: a
- * restore from pg_dump, which dumps no row for generation 0 (CREATE
- * EXTENSION makes it), or a logical replica, whose first copy of this
- * table collides with that row and stops.
  */
 CREATE FUNCTION obx._rotate(retention_s float8)
 RETURNS text
@@ -455,18 +1046,6 @@ BEGIN
 	IF retention_s <= 0 THEN
 		RETURN NULL;
 	END IF;
-	DELETE FROM obx.generations WHERE generation <= cur - 3;
-	INSERT INTO obx.generations (generation)
-	SELECT DISTINCT x.g
-	  FROM (SELECT cur
-			UNION ALL SELECT min(seq) >> 40 FROM obx.events_0
-			UNION ALL SELECT max(seq) >> 40 FROM obx.events_0
-			UNION ALL SELECT min(seq) >> 40 FROM obx.events_1
-			UNION ALL SELECT max(seq) >> 40 FROM obx.events_1
-			UNION ALL SELECT min(seq) >> 40 FROM obx.events_2
-			UNION ALL SELECT max(seq) >> 40 FROM obx.events_2) AS x(g)
-	 WHERE x.g BETWEEN cur - 2 AND cur
-	ON CONFLICT (generation) DO NOTHING;
 	SELECT * INTO g FROM obx.generations WHERE generation < cur ORDER BY generation LIMIT 1;
 	IF FOUND THEN
 		slot := g.generation % 3;
@@ -544,10 +1123,8 @@ $$;
  * partition and offset from its first record since its latest replay (a
  * stale worker's late report of a second copy does not move them);
  * errors and attempts from obx.event_states.  Skipped events are in obx.skipped_events instead.
- * Reading where one event landed is an index lookup of the records whose
- * claims spanned its seq, and a search of their ids; reading them all
- * does that for every event.  1.0's obx.replay(topic, since, until) reads
- * it as it read the table, unchanged.
+ * Reading where one event landed is an index lookup; reading them all
+ * joins every record.
  */
 CREATE VIEW obx.outbox_events AS
 SELECT e.id, e.seq, e.aggregate_id, e.topic, e.event_key, e.event_type,
@@ -567,8 +1144,7 @@ SELECT e.id, e.seq, e.aggregate_id, e.topic, e.event_key, e.event_type,
 	SELECT x.published_at[i] AS published_at, x.partitions[i] AS kafka_partition,
 		   x.offsets[i] AS kafka_offset
 	  FROM obx.records x, array_position(x.ids, e.id) AS i
-	 WHERE x.seqs @> e.seq::numeric
-	   AND i IS NOT NULL
+	 WHERE x.ids @> ARRAY[e.id]
 	   AND x.recorded_at >= coalesce(s.replayed_at, '-infinity')
 	 ORDER BY x.recorded_at
 	 LIMIT 1) r ON true
@@ -827,29 +1403,18 @@ BEGIN
 END
 $$;
 
-/*
- * Why a relay must not claim in this database, or NULL: a logical
- * replication subscription of this database writes into obx's tables
- * (partitions included), so its events are another database's, published
- * by that database's relay, and the claims and records a relay writes here
- * would mix with the replicated ones (docs/operations.md, "Logical
- * replication").  Both relays read it when they get ready and then every
- * few seconds, never per claim.  pg_subscription_rel, and pg_subscription's
- * oid and subname, are readable by every role.
- */
-CREATE FUNCTION obx._replica_problem()
-RETURNS text
-LANGUAGE sql STABLE
+CREATE FUNCTION obx.replay(topic text, since timestamptz,
+						   until timestamptz DEFAULT 'infinity')
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
-	SELECT pg_catalog.format('subscription "%s" replicates %s of obx''s tables into this database',
-							 s.subname, pg_catalog.count(*))
-	  FROM pg_catalog.pg_subscription_rel r
-	  JOIN pg_catalog.pg_subscription s ON s.oid = r.srsubid
-	  JOIN pg_catalog.pg_class c ON c.oid = r.srrelid
-	 WHERE c.relnamespace = 'obx'::pg_catalog.regnamespace
-	 GROUP BY s.subname
-	 ORDER BY s.subname
-	 LIMIT 1
+	SELECT obx.replay(coalesce(array_agg(e.id), '{}'))
+	  FROM obx.outbox_events e
+	 WHERE e.topic = replay.topic
+	   AND e.published_at IS NOT NULL
+	   AND e.occurred_at >= replay.since
+	   AND e.occurred_at < replay.until;
 $$;
 
 /* ---------------------------------------------------------------------
@@ -860,77 +1425,17 @@ REVOKE ALL ON obx.generations, obx.events, obx.claims, obx.renewals, obx.records
 	obx.event_states, obx.outbox_events, obx.status, obx.leased_events,
 	obx.quarantine, obx.publish_latency_summary, obx.leases, obx._latest_tick,
 	obx._unpublished_events, obx._live_claims FROM PUBLIC;
-/* The era is no secret, and the status views, read as their reader, use it. */
-GRANT EXECUTE ON FUNCTION obx._era() TO PUBLIC;
 REVOKE ALL ON FUNCTION obx._published_ids(bigint, bigint),
 	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
 	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),
 	obx._live_leases(bigint, bigint),
-	obx._rotate(float8), obx._hold(uuid[]), obx._replica_problem() FROM PUBLIC;
-
-/*
- * The workers' role.  The relay and consumer workers run every statement
- * as obx.worker_role, never as a superuser: obx_worker, or a role granted
- * it.  It holds exactly what their statements need, and cannot log in.
- * Roles belong to the cluster: the first CREATE EXTENSION creates it, the
- * next ones (other databases) grant it their database's objects.  A role
- * of that name made by someone else first would be used as it is: see
- * docs/security.md, "The workers".
- */
-DO $$
-BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'obx_worker') THEN
-		CREATE ROLE obx_worker NOLOGIN;
-	END IF;
-END
-$$;
-
-/*
- * Statements the workers cannot be granted piecemeal run as the
- * extension's owner: the rotation (locks, TRUNCATE and sequences of every
- * generation), the ANALYZE of the outbox (only its owner may) and the
- * look-up of a handler by name (in its owner's schemas).
- */
-ALTER FUNCTION obx._rotate(float8) SECURITY DEFINER;
-ALTER FUNCTION obx._handler(obx.subscriptions) SECURITY DEFINER;
-
-CREATE FUNCTION obx._analyze_events()
-RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	ANALYZE obx.events;
-END
-$$;
-REVOKE ALL ON FUNCTION obx._analyze_events() FROM PUBLIC;
-
-GRANT USAGE ON SCHEMA obx TO obx_worker;
-/* The relay: claim, record, renew, release, hold, rotate, analyze. */
-GRANT SELECT, INSERT ON obx.claims, obx.records, obx.renewals TO obx_worker;
-GRANT SELECT ON obx.events TO obx_worker;
-GRANT SELECT, INSERT, UPDATE ON obx.event_states TO obx_worker;
-GRANT USAGE ON SEQUENCE obx.lease_seq TO obx_worker;
-GRANT EXECUTE ON FUNCTION obx._published_ids(bigint, bigint),
-	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
-	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),
-	obx._live_leases(bigint, bigint), obx._hold(uuid[]), obx._rotate(float8),
-	obx._analyze_events(), obx._replica_problem() TO obx_worker;
-/* The consumer: subscriptions, marks, offsets, dead letters, their purge. */
-GRANT SELECT ON obx.subscriptions TO obx_worker;
-GRANT SELECT, INSERT, DELETE ON obx.processed_events TO obx_worker;
-GRANT SELECT, INSERT, UPDATE, DELETE ON obx.consumer_partitions,
-	obx.consumer_kafka_errors TO obx_worker;
-GRANT SELECT, INSERT, DELETE ON obx.dead_letters TO obx_worker;
-GRANT USAGE ON SEQUENCE obx.dead_letters_id_seq TO obx_worker;
-GRANT EXECUTE ON FUNCTION obx._handler(obx.subscriptions) TO obx_worker;
+	obx._rotate(float8), obx._hold(uuid[]),
+	obx.replay(text, timestamptz, timestamptz) FROM PUBLIC;
 
 COMMENT ON TABLE obx.events IS
 	'Every event enqueued, inserted once and never updated; old generations are truncated after obx.retention';
 COMMENT ON COLUMN obx.events.seq IS
 	'Enqueue order; events of one topic and key are published in this order.  Bits 40 and up: the generation';
-COMMENT ON COLUMN obx.events.era IS
-	'The transaction-id space xid belongs to (obx._era() where the event was enqueued): another era''s xid means nothing here';
 COMMENT ON TABLE obx.claims IS
 	'Batches claimed by relay workers, one row each, never updated; each row is also a tick the next claim starts from';
 COMMENT ON TABLE obx.records IS
@@ -951,6 +1456,8 @@ COMMENT ON VIEW obx.quarantine IS
 	'Events the relay gave up on, with their errors; obx.retry(id) sends one again';
 COMMENT ON VIEW obx.publish_latency_summary IS
 	'Per topic, median and 99th percentile of enqueue to Kafka acknowledgement, in seconds, over the events published in the last minute';
+COMMENT ON FUNCTION obx.replay(text, timestamptz, timestamptz) IS
+	'Publish again the events of a topic that occurred in [since, until); returns how many';
 
 SELECT pg_catalog.pg_extension_config_dump('obx.events_0', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.events_1', '');
@@ -959,760 +1466,5 @@ SELECT pg_catalog.pg_extension_config_dump('obx.records_0', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.records_1', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.records_2', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.event_states', '');
-/* Not generation 0's row: CREATE EXTENSION makes it, and a restore would collide with it. */
-SELECT pg_catalog.pg_extension_config_dump('obx.generations', 'WHERE generation <> 0');
+SELECT pg_catalog.pg_extension_config_dump('obx.generations', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.lease_seq', '');
-
-/* ---------------------------------------------------------------------
- * Landing: messages for a consumer that runs outside the database
- * (php artisan obx:work, docs/laravel.md).  A subscription whose handler
- * is obx.land has each new message written into obx.landed by the consumer
- * workers, in the transaction that marks it processed: it lands once.  The
- * outside worker then takes the landed rows of its consumer one at a time,
- * per key in landing order, and deletes each in the transaction that
- * commits its effect (obx.claim_landed, obx.complete_landed); a failure
- * backs off, and after max_attempts the row becomes a dead letter
- * (obx.fail_landed), which obx.replay_dead_letter lands again.
- * --------------------------------------------------------------------- */
-
-CREATE TABLE obx.landed (
-	id					bigserial	PRIMARY KEY,	/* landing order */
-	consumer_name		text		COLLATE pg_catalog."C" NOT NULL,
-	event_id			text		NOT NULL,
-	event_type			text,
-	topic				text		NOT NULL,
-	kafka_partition		integer		NOT NULL,
-	kafka_offset		bigint		NOT NULL,
-	event_key			text		COLLATE pg_catalog."C",
-	headers				jsonb,
-	payload				jsonb,		/* NULL: a tombstone */
-	kafka_timestamp		timestamptz,
-	landed_at			timestamptz NOT NULL DEFAULT now(),
-	attempts			integer		NOT NULL DEFAULT 0,
-	next_attempt_at		timestamptz NOT NULL DEFAULT '-infinity',
-	last_error			text
-);
-/*
- * How many times a worker started on a landed row: written on a second
- * connection before the listener runs (obx.start_landed), so that it
- * survives a worker killed inside the listener, whose transaction is lost.
- * No foreign key: it must not wait for the row lock the claim holds.
- */
-CREATE TABLE obx.landed_starts (
-	landed_id			bigint		PRIMARY KEY,
-	starts				integer		NOT NULL
-);
-
-/* The claim: a consumer's rows in order, and whether a key has an earlier one. */
-CREATE INDEX landed_consumer_idx ON obx.landed (consumer_name, id);
-CREATE INDEX landed_key_idx ON obx.landed (consumer_name, event_key, id);
-
-/*
- * Writes one landed row; called by obx.land alone (src/consumer/land.c).
- * At commit the consumer's waiting workers are woken: the channel is
- * obx_landed_ and the md5 of the consumer name (a channel name has at most
- * 63 bytes; a hash says nothing to a listener that does not know the name),
- * notified once per transaction however many rows it lands.
- */
-CREATE FUNCTION obx._land(consumer_name text, e obx.inbound_event)
-RETURNS void
-LANGUAGE sql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-	INSERT INTO obx.landed (consumer_name, event_id, event_type, topic, kafka_partition,
-							kafka_offset, event_key, headers, payload, kafka_timestamp)
-	VALUES (_land.consumer_name, (_land.e).event_id, (_land.e).event_type, (_land.e).topic,
-			(_land.e).kafka_partition, (_land.e).kafka_offset, (_land.e).event_key,
-			(_land.e).headers, (_land.e).payload, (_land.e).kafka_timestamp);
-	SELECT pg_notify('obx_landed_' || md5(_land.consumer_name), '');
-$$;
-
-/*
- * The built-in handler that lands messages.  It lands for the consumer
- * whose handler is running and refuses to run otherwise, so anyone may
- * execute it: a role can land only into a consumer it subscribed.
- */
-CREATE FUNCTION obx.land(e obx.inbound_event)
-RETURNS void
-AS 'MODULE_PATHNAME', 'obx_land'
-LANGUAGE C VOLATILE;
-
-/*
- * Who may take, complete or fail a consumer's landed rows: its owner, the
- * owner's members and superusers (obx.consumer_owners), as for marking.
- * The C wrappers (src/api/consumer_sql.c) pass the caller.
- */
-CREATE FUNCTION obx._check_landed_owner(caller oid, consumer_name text)
-RETURNS void
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	owner_role oid;
-BEGIN
-	SELECT o.owner INTO owner_role FROM obx.consumer_owners o
-	 WHERE o.consumer_name = _check_landed_owner.consumer_name;
-	IF NOT FOUND THEN
-		IF NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.oid = caller), false) THEN
-			RAISE EXCEPTION 'no obx consumer "%"', consumer_name
-				USING ERRCODE = 'undefined_object',
-					  HINT = 'obx.subscribe it with the handler obx.land(obx.inbound_event) first.';
-		END IF;
-		RETURN;
-	END IF;
-	PERFORM obx._check_consumer_owner(caller, consumer_name, owner_role);
-END
-$$;
-
-/*
- * claim: the consumer's next landed row, locked for the caller's
- * transaction; NULL when none is ready.  A row is ready when its backoff
- * has passed and no earlier row of its consumer and key is still landed
- * (locked by another worker, backing off, or not yet done): the effects
- * of a key's rows commit in landing order, whatever the number of
- * workers.  The row stays landed until complete or fail in the same
- * transaction; if that transaction ends otherwise (an error, a killed
- * worker) it is simply ready again.
- */
-CREATE FUNCTION obx._claim_landed(caller oid, consumer_name text)
-RETURNS obx.landed
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	r obx.landed;
-BEGIN
-	PERFORM obx._check_landed_owner(caller, consumer_name);
-	/* Usually a ready row is among the first ones. */
-	SELECT l.* INTO r
-	  FROM obx.landed l
-	 WHERE l.id IN (SELECT f.id FROM obx.landed f
-					 WHERE f.consumer_name = _claim_landed.consumer_name
-					 ORDER BY f.id LIMIT 100)
-	   AND l.next_attempt_at <= clock_timestamp()
-	   AND NOT EXISTS (SELECT 1 FROM obx.landed p
-						WHERE p.consumer_name = l.consumer_name
-						  AND p.event_key = l.event_key
-						  AND p.id < l.id)
-	 ORDER BY l.id
-	 LIMIT 1
-	   FOR UPDATE OF l SKIP LOCKED;
-	IF FOUND THEN
-		RETURN r;
-	END IF;
-	/*
-	 * Else they wait behind a few keys' first rows (backing off, or held
-	 * by other workers), and the rows behind those are no candidates: take
-	 * the first row of each key, one index probe per key (a loose scan of
-	 * landed_key_idx), and rows without a key.
-	 */
-	WITH RECURSIVE k(event_key) AS (
-		SELECT min(h.event_key) FROM obx.landed h
-		 WHERE h.consumer_name = _claim_landed.consumer_name
-		UNION ALL
-		SELECT (SELECT min(h.event_key) FROM obx.landed h
-				 WHERE h.consumer_name = _claim_landed.consumer_name
-				   AND h.event_key > k.event_key)
-		  FROM k WHERE k.event_key IS NOT NULL
-	)
-	SELECT l.* INTO r
-	  FROM obx.landed l
-	 WHERE l.id IN (SELECT (SELECT h.id FROM obx.landed h
-							 WHERE h.consumer_name = _claim_landed.consumer_name
-							   AND h.event_key = k.event_key
-							 ORDER BY h.id LIMIT 1)
-					  FROM k WHERE k.event_key IS NOT NULL
-					UNION ALL
-					SELECT h.id FROM obx.landed h
-					 WHERE h.consumer_name = _claim_landed.consumer_name
-					   AND h.event_key IS NULL)
-	   AND l.next_attempt_at <= clock_timestamp()
-	 ORDER BY l.id
-	 LIMIT 1
-	   FOR UPDATE OF l SKIP LOCKED;
-	IF NOT FOUND THEN
-		RETURN NULL;
-	END IF;
-	RETURN r;
-END
-$$;
-
-CREATE FUNCTION obx.claim_landed(consumer_name text)
-RETURNS obx.landed
-AS 'MODULE_PATHNAME', 'obx_claim_landed'
-LANGUAGE C VOLATILE;
-
-/*
- * start: count one more start of a worker on the row, and return the
- * count (NULL: no such row).  Called outside the claim's transaction (a
- * second connection, autocommit) once the row is claimed: a start that
- * ends in neither complete nor fail is a worker that died in the listener.
- */
-CREATE FUNCTION obx._start_landed(caller oid, consumer_name text, landed_id bigint)
-RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	n integer;
-BEGIN
-	PERFORM obx._check_landed_owner(caller, consumer_name);
-	IF NOT EXISTS (SELECT 1 FROM obx.landed l
-					WHERE l.id = _start_landed.landed_id
-					  AND l.consumer_name = _start_landed.consumer_name) THEN
-		RETURN NULL;
-	END IF;
-	INSERT INTO obx.landed_starts AS t (landed_id, starts)
-	VALUES (_start_landed.landed_id, 1)
-	ON CONFLICT ON CONSTRAINT landed_starts_pkey DO UPDATE SET starts = t.starts + 1
-	RETURNING t.starts INTO n;
-	RETURN n;
-END
-$$;
-
-CREATE FUNCTION obx.start_landed(consumer_name text, landed_id bigint)
-RETURNS integer
-AS 'MODULE_PATHNAME', 'obx_start_landed'
-LANGUAGE C VOLATILE;
-
-/* complete: the row's effect commits with this transaction; the row goes. */
-CREATE FUNCTION obx._complete_landed(caller oid, consumer_name text, landed_id bigint)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	PERFORM obx._check_landed_owner(caller, consumer_name);
-	DELETE FROM obx.landed l
-	 WHERE l.id = _complete_landed.landed_id
-	   AND l.consumer_name = _complete_landed.consumer_name;
-	IF NOT FOUND THEN
-		RETURN false;
-	END IF;
-	DELETE FROM obx.landed_starts t WHERE t.landed_id = _complete_landed.landed_id;
-	RETURN true;
-END
-$$;
-
-CREATE FUNCTION obx.complete_landed(consumer_name text, landed_id bigint)
-RETURNS boolean
-AS 'MODULE_PATHNAME', 'obx_complete_landed'
-LANGUAGE C VOLATILE;
-
-/*
- * fail: the row's attempt failed with error (its effects rolled back).  It
- * stays first of its key and is ready again after retry_after, or, at its
- * max_attempts-th failure, moves to obx.dead_letters (class handler) and
- * its key goes on.  A dead letter of the same message replayed before is
- * pending again.  Returns 'retry' or 'dead_letter' (NULL: no such row).
- */
-CREATE FUNCTION obx._fail_landed(caller oid, consumer_name text, landed_id bigint,
-								 error text, max_attempts integer, retry_after interval)
-RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-	r obx.landed;
-BEGIN
-	PERFORM obx._check_landed_owner(_fail_landed.caller, _fail_landed.consumer_name);
-	IF max_attempts IS NULL OR max_attempts < 1 THEN
-		RAISE EXCEPTION 'obx.fail_landed needs max_attempts of 1 or more'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	UPDATE obx.landed l
-	   SET attempts = l.attempts + 1,
-		   last_error = coalesce(_fail_landed.error, 'unknown error'),
-		   next_attempt_at = clock_timestamp() + coalesce(_fail_landed.retry_after, '0')
-	 WHERE l.id = _fail_landed.landed_id
-	   AND l.consumer_name = _fail_landed.consumer_name
-	RETURNING l.* INTO r;
-	IF NOT FOUND THEN
-		RETURN NULL;
-	ELSIF r.attempts < max_attempts THEN
-		RETURN 'retry';
-	END IF;
-	DELETE FROM obx.landed l WHERE l.id = r.id;
-	DELETE FROM obx.landed_starts t WHERE t.landed_id = r.id;
-	INSERT INTO obx.dead_letters AS d
-		(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
-		 event_type, headers, payload, kafka_timestamp, error_class, error_message)
-	VALUES (r.consumer_name, r.event_id, r.topic, r.kafka_partition, r.kafka_offset,
-			r.event_key, r.event_type, r.headers, r.payload, r.kafka_timestamp, 'handler',
-			format('%s (attempt %s of max_attempts %s)', r.last_error, r.attempts, max_attempts))
-	ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO UPDATE
-	   SET event_id = excluded.event_id, event_key = excluded.event_key,
-		   event_type = excluded.event_type, headers = excluded.headers,
-		   payload = excluded.payload, raw_payload = NULL,
-		   kafka_timestamp = excluded.kafka_timestamp, error_class = excluded.error_class,
-		   error_sqlstate = NULL, error_message = excluded.error_message,
-		   failed_at = now(), replayed_at = NULL;
-	RETURN 'dead_letter';
-END
-$$;
-
-CREATE FUNCTION obx.fail_landed(consumer_name text, landed_id bigint, error text,
-								max_attempts integer, retry_after interval)
-RETURNS text
-AS 'MODULE_PATHNAME', 'obx_fail_landed'
-LANGUAGE C VOLATILE;
-
-/* Per consumer: what waits for the outside worker. */
-CREATE VIEW obx.landed_status AS
-SELECT l.consumer_name,
-	   count(*) AS landed,
-	   count(*) FILTER (WHERE l.attempts > 0) AS failing,
-	   count(*) FILTER (WHERE l.next_attempt_at > now()) AS backing_off,
-	   min(l.landed_at) AS oldest_landed_at,
-	   greatest(now() - min(l.landed_at), '0'::interval) AS oldest_landed_age
-  FROM obx.landed l
- GROUP BY l.consumer_name;
-
-/*
- * Nothing granted but obx.land (see above): an outside worker's role gets
- * EXECUTE on claim_landed, complete_landed and fail_landed, which check
- * that it acts for the consumer (docs/security.md).
- */
-REVOKE ALL ON obx.landed, obx.landed_status, obx.landed_starts FROM PUBLIC;
-REVOKE ALL ON SEQUENCE obx.landed_id_seq FROM PUBLIC;
-REVOKE ALL ON FUNCTION obx._land(text, obx.inbound_event),
-	obx._check_landed_owner(oid, text), obx._claim_landed(oid, text),
-	obx._complete_landed(oid, text, bigint), obx._start_landed(oid, text, bigint),
-	obx.start_landed(text, bigint),
-	obx._fail_landed(oid, text, bigint, text, integer, interval),
-	obx.claim_landed(text), obx.complete_landed(text, bigint),
-	obx.fail_landed(text, bigint, text, integer, interval) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION obx.land(obx.inbound_event) TO PUBLIC;
-
-/*
- * Who owns a subscription row (obx--1.0.sql): obx._subscribe writes the
- * owner it checked as obx's owner, who is a superuser with the extension
- * but the database's owner in the SQL-only install; a row written by
- * anyone else is owned by that writer.  obx-relay runs subscriptions in
- * the SQL-only install, as their owner: the row must name the subscriber.
- */
-CREATE OR REPLACE FUNCTION obx._subscription_owner()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	fn regprocedure := pg_catalog.to_regprocedure(NEW.handler);
-BEGIN
-	IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
-					  WHERE r.rolname = current_user), false)
-	   AND current_user::regrole::oid <> (SELECT c.relowner FROM pg_catalog.pg_class c
-										   WHERE c.oid = 'obx.subscriptions'::regclass) THEN
-		NEW.owner := current_user::regrole;
-		NEW.handler_owner := NULL;
-	END IF;
-	IF fn IS NOT NULL THEN
-		NEW.handler := fn::text;
-		IF NEW.handler_owner IS NULL THEN
-			NEW.handler_owner := (SELECT p.proowner FROM pg_catalog.pg_proc p
-								   WHERE p.oid = fn)::regrole;
-		END IF;
-	END IF;
-	RETURN NEW;
-END
-$$;
-
-/* ---------------------------------------------------------------------
- * The consumer of obx-relay (src/daemon/consume.c): one message per call
- * --------------------------------------------------------------------- */
-
-/*
- * What a handler must be for obx-relay to call it: SECURITY DEFINER, owned
- * by the subscription's owner, with a SET search_path clause, executable
- * by that owner and by obx_handler_caller (obx._call_handler).  Outside the
- * database no one can switch to the owner the way the consumer workers do
- * (a security-restricted operation), so the function must switch itself.
- * NULL when it is fine, else why not.  See docs/consumers.md, "Consuming
- * with obx-relay".
- */
-CREATE FUNCTION obx._daemon_handler_problem(s obx.subscriptions, fn regprocedure)
-RETURNS text
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT CASE
-		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc w
-						  WHERE w.oid = pg_catalog.to_regprocedure('obx._call_handler(regprocedure, obx.inbound_event)')
-							AND w.prosecdef AND pg_catalog.pg_get_userbyid(w.proowner) = 'obx_handler_caller')
-		THEN 'obx._call_handler is not a SECURITY DEFINER function of role obx_handler_caller, which the install could not give it (see its warning)'
-		WHEN p.oid IS NULL
-		THEN coalesce(obx._subscription_problem(s), 'its handler no longer exists')
-		WHEN NOT p.prosecdef OR p.proowner <> s.owner
-		THEN pg_catalog.format('its handler %s must be SECURITY DEFINER and owned by the subscription''s owner %s',
-							   fn, s.owner)
-		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(p.proconfig) c
-						  WHERE c LIKE 'search\_path=%')
-		THEN pg_catalog.format('its handler %s must have a SET search_path clause', fn)
-		WHEN NOT pg_catalog.has_function_privilege(s.owner, fn, 'EXECUTE')
-		THEN pg_catalog.format('the subscription''s owner %s may not execute its handler %s', s.owner, fn)
-		WHEN NOT pg_catalog.has_schema_privilege('obx_handler_caller', p.pronamespace, 'USAGE')
-			 OR NOT pg_catalog.has_function_privilege('obx_handler_caller', fn, 'EXECUTE')
-		THEN pg_catalog.format('role obx_handler_caller needs USAGE on schema %s and EXECUTE on its handler %s',
-							   p.pronamespace::regnamespace, fn)
-	END
-	  FROM (SELECT 1) AS one
-	  LEFT JOIN pg_catalog.pg_proc p ON p.oid = fn
-$$;
-
-/*
- * obx-relay calls a handler through this function, as its owner
- * obx_handler_caller: a role that can log in to nothing, read nothing and
- * change nothing.  A handler that meets the rule above runs as its own
- * owner all the same.  One that a CREATE OR REPLACE turned into SECURITY
- * INVOKER between that check and the call would run as its caller: here
- * that is obx_handler_caller, not the daemon's role with obx_worker's
- * rights, and inside a SECURITY DEFINER function it cannot SET ROLE back.
- * (obx._consume rolls such a call back as well, see there.)
- */
-DO $$
-BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'obx_handler_caller') THEN
-		CREATE ROLE obx_handler_caller NOLOGIN;
-	END IF;
-END
-$$;
-
-CREATE FUNCTION obx._call_handler(fn regprocedure, ev obx.inbound_event)
-RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	call text;
-BEGIN
-	SELECT pg_catalog.format('SELECT %I.%I($1)', n.nspname, p.proname) INTO STRICT call
-	  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-	 WHERE p.oid = fn;
-	EXECUTE call USING ev;
-END
-$$;
-REVOKE ALL ON FUNCTION obx._call_handler(regprocedure, obx.inbound_event) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION obx._call_handler(regprocedure, obx.inbound_event) TO obx_worker;
-
-/*
- * It becomes obx_handler_caller's, and only then SECURITY DEFINER: never
- * a SECURITY DEFINER function of the installer's, which would run a
- * handler as obx's owner.  Its privileges are set first: once it is
- * obx_handler_caller's, its former owner may no longer change them.
- * Unless a superuser gives it, the giver must be able to SET ROLE to the
- * new owner (for as long as it takes: a member would inherit the USAGE
- * subscribers grant it), and the new owner needs CREATE on the schema.
- * An installer that cannot (obx_handler_caller made by another role, no
- * CREATEROLE) leaves it as it is, and obx-relay runs no subscription in
- * this database until it is given (obx._daemon_handler_problem).
- */
-DO $$
-DECLARE
-	lent boolean;
-BEGIN
-	/* From 16 on a member may lack SET (a CREATEROLE creator holds ADMIN only). */
-	IF pg_catalog.current_setting('server_version_num')::integer >= 160000 THEN
-		lent := NOT pg_catalog.pg_has_role('obx_handler_caller', 'SET');
-	ELSE
-		lent := NOT pg_catalog.pg_has_role('obx_handler_caller', 'MEMBER');
-	END IF;
-	BEGIN
-		IF lent THEN
-			EXECUTE pg_catalog.format('GRANT obx_handler_caller TO %I', current_user);
-		END IF;
-		GRANT CREATE ON SCHEMA obx TO obx_handler_caller;
-		ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) OWNER TO obx_handler_caller;
-		ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) SECURITY DEFINER;
-		REVOKE CREATE ON SCHEMA obx FROM obx_handler_caller;
-		IF lent THEN
-			EXECUTE pg_catalog.format('REVOKE obx_handler_caller FROM %I', current_user);
-		END IF;
-	EXCEPTION WHEN insufficient_privilege THEN
-		RAISE WARNING 'obx-relay will run no subscription in database "%": role "%" could not give obx._call_handler to role obx_handler_caller',
-			pg_catalog.current_database(), current_user
-			USING HINT = 'Once, as a superuser or a role that may SET ROLE obx_handler_caller: '
-						 'ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) OWNER TO obx_handler_caller; '
-						 'ALTER FUNCTION obx._call_handler(regprocedure, obx.inbound_event) SECURITY DEFINER;';
-	END;
-END
-$$;
-
-/*
- * One Kafka message of a subscription, applied in the caller's
- * transaction, as the consumer workers apply a message alone
- * (src/consumer/inbox.c): the event built (src/consumer/inbound.c), the
- * mark, the handler, a dead letter, and the partition's row of
- * obx.consumer_partitions (src/consumer/progress.c).  The caller commits,
- * then stores the offset past the message; on 'retry' or 'refused' it
- * holds the partition and reads the message again after a backoff.
- *
- * event_key and the header values come as text: the bytes as they are
- * when valid UTF-8, else "\x" and their hex (the caller decides).
- * handler_failures: how many times the handler failed transiently on this
- * message before (for max_attempts); timed_out_ms, when not 0: the
- * caller's call of this message was cancelled after the subscription's
- * handler_timeout_ms, so the message is dead-lettered without a call.
- *
- * result: 'processed', 'duplicate', 'dead letter', 'retry' (a transient
- * error of the handler: rolled back, counted in retries) or 'refused' (the
- * subscription cannot be served now: its handler was not called); error
- * says why for the last three.
- */
-CREATE FUNCTION obx._consume(consumer_name text, topic text, kafka_partition integer,
-							 kafka_offset bigint, event_key text, header_names text[],
-							 header_values text[], value bytea, kafka_timestamp timestamptz,
-							 handler_failures integer, timed_out_ms integer,
-							 OUT result text, OUT error text)
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-	s obx.subscriptions;
-	fn regprocedure;
-	ev obx.inbound_event;
-	malformed text;
-	is_json boolean := false;
-	code text;
-	msg text;
-	transient boolean;
-	problem text;
-	max_attempts integer;
-	version xid;
-BEGIN
-	SELECT * INTO s FROM obx.subscriptions x WHERE x.consumer_name = _consume.consumer_name;
-	IF NOT FOUND THEN
-		result := 'refused';
-		error := 'the subscription no longer exists';
-		RETURN;
-	END IF;
-
-	/* The event (inbound.c): headers, id, type, payload. */
-	ev.topic := _consume.topic;
-	ev.kafka_partition := _consume.kafka_partition;
-	ev.kafka_offset := _consume.kafka_offset;
-	ev.event_key := _consume.event_key;
-	ev.kafka_timestamp := _consume.kafka_timestamp;
-	/* One pass over the headers; a name given twice: its last value. */
-	SELECT coalesce(jsonb_object_agg(h.n, h.v ORDER BY h.i), '{}'),
-		   nullif((array_agg(h.v ORDER BY h.i DESC) FILTER (WHERE h.n = 'event_id'))[1], ''),
-		   (array_agg(h.v ORDER BY h.i DESC) FILTER (WHERE h.n = 'event_type'))[1]
-	  INTO ev.headers, ev.event_id, ev.event_type
-	  FROM unnest(header_names, header_values) WITH ORDINALITY AS h(n, v, i);
-	IF value IS NULL AND ev.event_id IS NULL THEN
-		malformed := 'message has no value (a tombstone) and no event_id header';
-	ELSIF value IS NOT NULL THEN
-		BEGIN
-			ev.payload := convert_from(value, current_setting('server_encoding'))::jsonb;
-			is_json := true;
-		EXCEPTION
-			WHEN character_not_in_repertoire OR untranslatable_character THEN
-				malformed := 'payload is not JSON: message value is not valid '
-							 || current_setting('server_encoding');
-			WHEN others THEN
-				GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT;
-				malformed := 'payload is not JSON: ' || msg;
-		END;
-	END IF;
-	IF is_json AND jsonb_typeof(ev.payload) = 'object' THEN
-		IF ev.event_id IS NULL THEN
-			ev.event_id := CASE WHEN jsonb_typeof(ev.payload -> 'eventId') = 'string'
-								THEN nullif(ev.payload ->> 'eventId', '') END;
-		END IF;
-		IF ev.event_id IS NULL THEN
-			ev.event_id := CASE WHEN jsonb_typeof(ev.payload -> 'event_id') = 'string'
-								THEN nullif(ev.payload ->> 'event_id', '') END;
-		END IF;
-		IF ev.event_type IS NULL THEN
-			ev.event_type := CASE WHEN jsonb_typeof(ev.payload -> 'eventType') = 'string'
-								  THEN nullif(ev.payload ->> 'eventType', '') END;
-		END IF;
-	END IF;
-	IF octet_length(ev.event_id) > 512 THEN
-		/* The dedupe index could never hold it (inbound.h, OBX_MAX_EVENT_ID_LEN). */
-		malformed := format('event id is not valid: %s bytes, at most 512 allowed',
-							octet_length(ev.event_id));
-		ev.event_id := NULL;
-	ELSIF malformed IS NULL AND ev.event_id IS NULL THEN
-		malformed := 'no event id: no event_id header and no eventId or event_id field in the payload';
-	END IF;
-
-	IF malformed IS NOT NULL THEN
-		/* A duplicate if its id is known, else a dead letter (inbox.c). */
-		IF ev.event_id IS NOT NULL THEN
-			INSERT INTO obx.processed_events AS p (consumer_name, event_id)
-			VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
-			IF NOT FOUND THEN
-				result := 'duplicate';
-			END IF;
-		END IF;
-		IF result IS NULL THEN
-			result := 'dead letter';
-			error := malformed;
-			INSERT INTO obx.dead_letters AS d
-				(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
-				 event_type, headers, payload, raw_payload, kafka_timestamp, error_class,
-				 error_sqlstate, error_message)
-			VALUES (_consume.consumer_name, ev.event_id, ev.topic, ev.kafka_partition,
-					ev.kafka_offset, ev.event_key, ev.event_type, ev.headers,
-					CASE WHEN is_json THEN ev.payload END,
-					CASE WHEN NOT is_json THEN value END, ev.kafka_timestamp, 'malformed',
-					NULL, malformed)
-			ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING;
-		END IF;
-	ELSIF timed_out_ms > 0 THEN
-		/* As the consumer workers dead-letter a handler past its timeout (handler.c). */
-		code := '57014';
-		msg := format('obx handler %s ran longer than its timeout of %s ms and was cancelled',
-					  s.handler, timed_out_ms);
-		result := 'dead letter';
-	ELSE
-		fn := obx._handler(s);
-		problem := obx._daemon_handler_problem(s, fn);
-		IF problem IS NOT NULL THEN
-			result := 'refused';
-			error := format('obx-relay cannot run subscription "%s": %s', s.consumer_name, problem);
-		END IF;
-	END IF;
-
-	IF result IS NULL AND malformed IS NULL THEN
-		SELECT p.xmin INTO version FROM pg_catalog.pg_proc p WHERE p.oid = fn;
-		BEGIN
-			/* The mark and the handler's work: all or nothing (inbox.c). */
-			INSERT INTO obx.processed_events AS p (consumer_name, event_id)
-			VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
-			IF NOT FOUND THEN
-				result := 'duplicate';
-			ELSE
-				PERFORM obx._call_handler(fn, ev);
-				result := 'processed';
-			END IF;
-		EXCEPTION WHEN others THEN
-			/*
-			 * Not query_canceled: the caller's statement_timeout is the
-			 * handler's timeout, and a cancel fails the whole call.
-			 */
-			GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-			/* is_transient (inbox.c) */
-			transient := left(code, 2) IN ('40', '08', '53') OR code IN ('55P03', '57014')
-						 OR code IN (SELECT x FROM jsonb_array_elements_text(
-										CASE WHEN jsonb_typeof(s.options -> 'retry_sqlstates') = 'array'
-											 THEN s.options -> 'retry_sqlstates' END) x);
-			max_attempts := CASE WHEN jsonb_typeof(s.options -> 'max_attempts') = 'number'
-								 THEN (s.options ->> 'max_attempts')::integer END;
-			IF transient AND (max_attempts IS NULL OR handler_failures + 1 < max_attempts) THEN
-				result := 'retry';
-				error := code || ': ' || msg;
-			ELSE
-				IF transient THEN
-					msg := format('%s (attempt %s of max_attempts %s)', msg,
-								  handler_failures + 1, max_attempts);
-				END IF;
-				result := 'dead letter';
-			END IF;
-		END;
-	END IF;
-
-	/*
-	 * A handler's error or timeout: the mark (the handler's own was rolled
-	 * back with it, or never made) and the dead letter, unless the event
-	 * was marked meanwhile.
-	 */
-	IF result = 'dead letter' AND malformed IS NULL THEN
-		INSERT INTO obx.processed_events AS p (consumer_name, event_id)
-		VALUES (_consume.consumer_name, ev.event_id) ON CONFLICT DO NOTHING;
-		IF NOT FOUND THEN
-			result := 'duplicate';
-		ELSE
-			error := code || ': ' || msg;
-			INSERT INTO obx.dead_letters AS d
-				(consumer_name, event_id, topic, kafka_partition, kafka_offset, event_key,
-				 event_type, headers, payload, raw_payload, kafka_timestamp, error_class,
-				 error_sqlstate, error_message)
-			VALUES (_consume.consumer_name, ev.event_id, ev.topic, ev.kafka_partition,
-					ev.kafka_offset, ev.event_key, ev.event_type, ev.headers, ev.payload,
-					NULL, ev.kafka_timestamp, 'handler', code, msg)
-			ON CONFLICT (consumer_name, topic, kafka_partition, kafka_offset) DO NOTHING;
-		END IF;
-	END IF;
-
-	/*
-	 * The function checked above is the one that ran: a concurrent CREATE
-	 * OR REPLACE (say, without SECURITY DEFINER, to run as the caller) rolls
-	 * the whole call back.
-	 */
-	IF version IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-											WHERE p.oid = fn AND p.xmin = version) THEN
-		RAISE EXCEPTION 'obx handler % changed while it ran', fn
-			USING ERRCODE = '40001';
-	END IF;
-
-	/* The partition's row (progress.c): position and counts, or a retry. */
-	IF result IN ('retry', 'refused') THEN
-		INSERT INTO obx.consumer_partitions AS p
-			(consumer_name, topic, kafka_partition, retries, last_error_class, last_error,
-			 last_error_at)
-		VALUES (_consume.consumer_name, _consume.topic, _consume.kafka_partition,
-				1, 'transient', error, now())
-		ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE
-		   SET retries = p.retries + 1, last_error_class = 'transient',
-			   last_error = excluded.last_error, last_error_at = now();
-	ELSE
-		INSERT INTO obx.consumer_partitions AS p
-			(consumer_name, topic, kafka_partition, next_offset, processed, duplicates,
-			 dead_lettered, last_event_id, last_processed_at, last_error_class, last_error,
-			 last_error_at)
-		VALUES (_consume.consumer_name, _consume.topic, _consume.kafka_partition,
-				_consume.kafka_offset + 1, (result = 'processed')::int,
-				(result = 'duplicate')::int, (result = 'dead letter')::int, ev.event_id, now(),
-				CASE WHEN error IS NOT NULL THEN CASE WHEN malformed IS NOT NULL
-					 THEN 'malformed' ELSE 'handler' END END,
-				error, CASE WHEN error IS NOT NULL THEN now() END)
-		ON CONFLICT (consumer_name, topic, kafka_partition) DO UPDATE
-		   SET next_offset = excluded.next_offset,
-			   processed = p.processed + excluded.processed,
-			   duplicates = p.duplicates + excluded.duplicates,
-			   dead_lettered = p.dead_lettered + excluded.dead_lettered,
-			   last_event_id = coalesce(excluded.last_event_id, p.last_event_id),
-			   last_processed_at = excluded.last_processed_at,
-			   last_error_class = coalesce(excluded.last_error_class, p.last_error_class),
-			   last_error = coalesce(excluded.last_error, p.last_error),
-			   last_error_at = coalesce(excluded.last_error_at, p.last_error_at);
-	END IF;
-	/*
-	 * Its commit is durable before the caller stores the offset, whatever
-	 * the handler set for the session (a SET there outlives the call).
-	 */
-	PERFORM set_config('synchronous_commit', 'on', true);
-END
-$$;
-
-/* obx-relay's role (a member of obx_worker) only. */
-REVOKE ALL ON FUNCTION obx._daemon_handler_problem(obx.subscriptions, regprocedure),
-	obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz,
-				 integer, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION obx._daemon_handler_problem(obx.subscriptions, regprocedure),
-	obx._consume(text, text, integer, bigint, text, text[], text[], bytea, timestamptz,
-				 integer, integer) TO obx_worker;
-
-COMMENT ON TABLE obx.landed IS
-	'Messages landed by the handler obx.land for a consumer outside the database (obx:work), until it completes them';
-COMMENT ON VIEW obx.landed_status IS
-	'Per consumer outside the database: landed messages waiting, failing, backing off, and the age of the oldest';
-COMMENT ON FUNCTION obx.land(obx.inbound_event) IS
-	'Handler that lands each message in obx.landed for a worker outside the database; only runs as a subscription''s handler';
-COMMENT ON FUNCTION obx.claim_landed(text) IS
-	'Lock and return the consumer''s next landed row ready to run (per key in landing order), or NULL';
-COMMENT ON TABLE obx.landed_starts IS
-	'How many times a worker started on each landed row, counted outside its transaction so that a killed worker counts';
-COMMENT ON FUNCTION obx.start_landed(text, bigint) IS
-	'Count a start on a claimed landed row (from a second connection, before the listener runs); returns the count';
-COMMENT ON FUNCTION obx.complete_landed(text, bigint) IS
-	'Delete a landed row in the transaction that commits its effect';
-COMMENT ON FUNCTION obx.fail_landed(text, bigint, text, integer, interval) IS
-	'Record a failed attempt of a landed row: retry after a backoff, or at max_attempts move it to obx.dead_letters';
-
-SELECT pg_catalog.pg_extension_config_dump('obx.landed', '');
-SELECT pg_catalog.pg_extension_config_dump('obx.landed_id_seq', '');
-SELECT pg_catalog.pg_extension_config_dump('obx.landed_starts', '');

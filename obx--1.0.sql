@@ -36,7 +36,7 @@ CREATE TABLE obx.outbox_events (
 	event_key			text		NOT NULL,
 	event_type			text,
 	headers				jsonb,
-	payload				jsonb,		/* NULL: a tombstone (obx.enqueue_tombstone) */
+	payload				jsonb		NOT NULL,
 	occurred_at			timestamptz NOT NULL DEFAULT clock_timestamp(),
 	published_at		timestamptz,
 	attempts			integer		NOT NULL DEFAULT 0,
@@ -61,7 +61,7 @@ CREATE TABLE obx.outbox_events (
  * Per-batch leases.  A claim writes one row here for the whole batch: its
  * events' ids and their topics and keys, which block those keys for other
  * claims while the lease lasts.  An event is then written once, when it is
- * published (or fails).  See src/relay/outbox.c.
+ * published (or fails).  See src/outbox.c.
  */
 CREATE TABLE obx.leases (
 	lease_id			bigint		PRIMARY KEY,
@@ -90,15 +90,9 @@ CREATE TABLE obx.skipped_events (
  * The inbox: tables and the handler's argument type
  * --------------------------------------------------------------------- */
 
-/*
- * The dedupe history: one row per (consumer, event id) applied.  Both are
- * opaque names, compared byte by byte (COLLATE "C"): every mark probes and
- * then inserts into the primary key, and bytes compare faster than any
- * locale's collation, and alike in every database.
- */
 CREATE TABLE obx.processed_events (
-	consumer_name		text		COLLATE pg_catalog."C" NOT NULL,
-	event_id			text		COLLATE pg_catalog."C" NOT NULL,
+	consumer_name		text		NOT NULL,
+	event_id			text		NOT NULL,
 	processed_at		timestamptz NOT NULL DEFAULT now(),
 	PRIMARY KEY (consumer_name, event_id)
 );
@@ -125,14 +119,7 @@ CREATE TABLE obx.subscriptions (
 		CHECK (consumer_name ~ '^[A-Za-z0-9._-]{1,200}$'),
 	topics				text[]		NOT NULL
 		CHECK (cardinality(topics) > 0),
-	/*
-	 * The handler by name, schema-qualified ("app.on_order(obx.inbound_event)"),
-	 * not by OID: pg_upgrade keeps no function's OID.  handler_owner is the
-	 * function's owner when it was subscribed; a function of that name that
-	 * another role owns is not the handler (obx._handler).
-	 */
-	handler				text		NOT NULL,
-	handler_owner		regrole,
+	handler				regprocedure NOT NULL,
 	options				jsonb		NOT NULL DEFAULT '{}',
 	owner				regrole		NOT NULL,
 	created_at			timestamptz NOT NULL DEFAULT now(),
@@ -163,21 +150,6 @@ CREATE TABLE obx.consumer_partitions (
 	last_error_at		timestamptz,
 	PRIMARY KEY (consumer_name, topic, kafka_partition)
 ) WITH (fillfactor = 50);
-
-/*
- * The last Kafka error a consumer group's workers met (a subscribed topic
- * that does not exist, brokers out of reach, a configuration librdkafka
- * refused), one row per group: written when the workers log it (at most
- * once a minute per error), deleted once a message of the group is
- * fetched again, and by obx.unsubscribe.  obx.consumers shows it, the
- * text to pg_monitor only: it can name brokers and the superuser's Kafka
- * settings, which the subscription's owner may not read.
- */
-CREATE TABLE obx.consumer_kafka_errors (
-	consumer_name		text		PRIMARY KEY,
-	error				text		NOT NULL,
-	error_at			timestamptz NOT NULL
-);
 
 /*
  * Messages a consumer could not apply: malformed ones and those whose
@@ -236,7 +208,7 @@ CREATE INDEX outbox_events_pending_idx
 /*
  * Events failing or quarantined: what blocks their key besides a lease.
  * Small: only unpublished events whose last attempt failed (see
- * src/relay/outbox.c).
+ * src/outbox.c).
  */
 CREATE INDEX outbox_events_active_idx
 	ON obx.outbox_events (topic, event_key)
@@ -268,41 +240,6 @@ CREATE FUNCTION obx.enqueue(
 	event_id uuid DEFAULT NULL)
 RETURNS uuid
 AS 'MODULE_PATHNAME', 'obx_enqueue'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
-
-/*
- * enqueue_many: obx.enqueue for many events of one topic at once.  Element
- * i of the arrays is one event; NULL optional arrays or elements mean what
- * NULL arguments of obx.enqueue mean.  Returns the ids in array order.
- */
-CREATE FUNCTION obx.enqueue_many(
-	topic text,
-	event_keys text[],
-	payloads jsonb[],
-	aggregate_ids text[] DEFAULT NULL,
-	event_types text[] DEFAULT NULL,
-	headers jsonb[] DEFAULT NULL,
-	event_ids uuid[] DEFAULT NULL)
-RETURNS uuid[]
-AS 'MODULE_PATHNAME', 'obx_enqueue_many'
-LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp;
-
-/*
- * A tombstone: the key with a null value, for compacted topics.  Stored
- * as an event whose payload is NULL, so it keeps its place (seq) among
- * the key's events.  Only this function stores a NULL payload.
- */
-CREATE FUNCTION obx.enqueue_tombstone(
-	topic text,
-	event_key text,
-	aggregate_id text DEFAULT NULL,
-	event_type text DEFAULT NULL,
-	headers jsonb DEFAULT NULL,
-	event_id uuid DEFAULT NULL)
-RETURNS uuid
-AS 'MODULE_PATHNAME', 'obx_enqueue_tombstone'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
@@ -429,7 +366,6 @@ $$;
 
 CREATE FUNCTION obx.worker_status(
 	OUT worker integer,
-	OUT database text,
 	OUT pid integer,
 	OUT state text,
 	OUT batches bigint,
@@ -444,89 +380,30 @@ RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'obx_worker_status'
 LANGUAGE C VOLATILE;
 
-/*
- * Whether a relay of this server publishes the current database's outbox:
- * NULL if one does, else why not (obx.status.problem).  _warn_unserved
- * raises the warning the end of this script and a session's first
- * obx.enqueue give then.  See src/base/status.c.
- */
-CREATE FUNCTION obx._relay_problem()
-RETURNS text
-AS 'MODULE_PATHNAME', 'obx_relay_problem'
-LANGUAGE C STABLE;
-
-CREATE FUNCTION obx._warn_unserved()
-RETURNS void
-AS 'MODULE_PATHNAME', 'obx_warn_unserved'
-LANGUAGE C VOLATILE;
-
-/*
- * Publish latency per topic, from enqueue (occurred_at) to the broker's
- * acknowledgement (published_at), counted in shared memory by the relay
- * as it records deliveries: Prometheus-style cumulative buckets.  See
- * src/base/latency.c.
- */
-CREATE FUNCTION obx.publish_latency_buckets(
-	OUT topic text,
-	OUT le float8,
-	OUT count bigint,
-	OUT sum float8)
-RETURNS SETOF record
-AS 'MODULE_PATHNAME', 'obx_publish_latency'
-LANGUAGE C VOLATILE;
-
 /* ---------------------------------------------------------------------
  * The inbox: functions
  * --------------------------------------------------------------------- */
 
 /*
  * The handler runs as the subscription's owner.  Subscriptions are written
- * by obx.subscribe (as the extension owner, which sets the owner and the
- * handler's owner it checked); nobody else is granted writes.  Should a
- * superuser grant them anyway, a row written by a non-superuser is owned by
- * that writer, and its handler_owner is the function's current owner, so a
+ * by obx.subscribe (as the extension owner, which sets the owner it
+ * checked); nobody else is granted writes.  Should a superuser grant them
+ * anyway, a row written by a non-superuser is owned by that writer, so a
  * role allowed to write subscriptions cannot make a handler run as someone
- * else.  Every row's handler is written in its schema-qualified form, the
- * one obx._handler resolves whatever the search_path.
+ * else.
  */
 CREATE FUNCTION obx._subscription_owner()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-	fn regprocedure := pg_catalog.to_regprocedure(NEW.handler);
 BEGIN
 	IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
 					  WHERE r.rolname = current_user), false) THEN
 		NEW.owner := current_user::regrole;
-		NEW.handler_owner := NULL;
-	END IF;
-	IF fn IS NOT NULL THEN
-		NEW.handler := fn::text;
-		IF NEW.handler_owner IS NULL THEN
-			NEW.handler_owner := (SELECT p.proowner FROM pg_catalog.pg_proc p
-								   WHERE p.oid = fn)::regrole;
-		END IF;
 	END IF;
 	RETURN NEW;
 END
-$$;
-
-/*
- * The function a subscription's handler names, while it is owned by the
- * role that owned it when subscribed; NULL otherwise (dropped, renamed,
- * or re-created by another role).
- */
-CREATE FUNCTION obx._handler(s obx.subscriptions)
-RETURNS regprocedure
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT p.oid::pg_catalog.regprocedure
-	  FROM pg_catalog.pg_proc p
-	 WHERE p.oid = pg_catalog.to_regprocedure(s.handler)
-	   AND p.proowner = s.handler_owner
 $$;
 
 CREATE TRIGGER subscriptions_owner
@@ -535,25 +412,13 @@ CREATE TRIGGER subscriptions_owner
 
 /*
  * The Kafka properties a subscription may set in options.kafka: consumer
- * tuning only (src/base/kafka_conf.c).  Everything else (brokers, security,
+ * tuning only (src/kafka_conf.c).  Everything else (brokers, security,
  * plugins, commands, files) is a superuser's, in obx.kafka_properties or
  * obx.kafka_properties_file; the consumer workers check the list again.
  */
 CREATE FUNCTION obx.subscription_kafka_properties()
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'obx_subscription_kafka_properties'
-LANGUAGE C IMMUTABLE STRICT;
-
-/*
- * What is wrong with the value a subscription gives an allowed Kafka
- * property, as {message, hint} (hint may be NULL), or NULL: a fetch or
- * queue size over librdkafka's default (a subscription may lower them, not
- * raise them), or a value librdkafka refuses.  Granted to nobody: the
- * functions below run as the extension owner.
- */
-CREATE FUNCTION obx._kafka_value_problem(name text, value text)
-RETURNS text[]
-AS 'MODULE_PATHNAME', 'obx_subscription_kafka_value_problem'
 LANGUAGE C IMMUTABLE STRICT;
 
 /*
@@ -570,17 +435,11 @@ AS $$
 DECLARE
 	opt record;
 	bad text;
-	problem text[];
-	whole numeric;
 BEGIN
 	IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
 		RETURN ARRAY['22023', 'obx subscription options must be a JSON object', NULL];
 	END IF;
 	FOR opt IN SELECT * FROM jsonb_each(options) LOOP
-		/* The value as a whole number, or NULL if it is not one. */
-		whole := CASE WHEN jsonb_typeof(opt.value) = 'number' THEN
-					 CASE WHEN opt.value::numeric = trunc(opt.value::numeric)
-						  THEN opt.value::numeric END END;
 		IF opt.key = 'kafka' THEN
 			IF jsonb_typeof(opt.value) <> 'object' OR EXISTS (
 				SELECT 1 FROM jsonb_each(opt.value) k WHERE jsonb_typeof(k.value) <> 'string') THEN
@@ -598,13 +457,6 @@ BEGIN
 					'Connection, security, plugin and file properties are set by a superuser, '
 					'in obx.kafka_properties or obx.kafka_properties_file.'];
 			END IF;
-			SELECT p INTO problem
-			  FROM jsonb_each_text(opt.value) k, obx._kafka_value_problem(k.key, k.value) p
-			 WHERE p IS NOT NULL
-			 ORDER BY k.key LIMIT 1;
-			IF problem IS NOT NULL THEN
-				RETURN ARRAY['22023', problem[1], problem[2]];
-			END IF;
 		ELSIF opt.key = 'start' THEN
 			IF opt.value NOT IN ('"earliest"', '"latest"') THEN
 				RETURN ARRAY['22023',
@@ -619,21 +471,16 @@ BEGIN
 					'For example: {"retry_sqlstates": ["P0001"]}'];
 			END IF;
 		ELSIF opt.key = 'handler_timeout_ms' THEN
-			IF whole IS NULL OR whole NOT BETWEEN 0 AND 2147483647 THEN
+			IF (CASE WHEN jsonb_typeof(opt.value) <> 'number' THEN true
+					 ELSE opt.value::numeric <> trunc(opt.value::numeric)
+						  OR opt.value::numeric NOT BETWEEN 0 AND 2147483647 END) THEN
 				RETURN ARRAY['22023',
 					'obx subscription option "handler_timeout_ms" must be a whole number of milliseconds from 0 to 2147483647',
 					'For example: {"handler_timeout_ms": 5000}; 0 means no limit.'];
 			END IF;
-		ELSIF opt.key = 'max_attempts' THEN
-			IF whole IS NULL OR whole NOT BETWEEN 1 AND 1000000 THEN
-				RETURN ARRAY['22023',
-					'obx subscription option "max_attempts" must be a whole number from 1 to 1000000',
-					'For example: {"max_attempts": 10}: a message whose handler fails transiently 10 times is dead-lettered. '
-					'Without it, such a message is retried until it succeeds.'];
-			END IF;
 		ELSE
 			RETURN ARRAY['22023', format('unknown obx subscription option "%s"', opt.key),
-						 'Known options: kafka, start, retry_sqlstates, handler_timeout_ms, max_attempts.'];
+						 'Known options: kafka, start, retry_sqlstates, handler_timeout_ms.'];
 		END IF;
 	END LOOP;
 	RETURN NULL;
@@ -656,10 +503,8 @@ AS $$
 	SELECT CASE
 		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = s.owner)
 		THEN format('its owner (role with OID %s) no longer exists', s.owner::oid)
-		WHEN pg_catalog.to_regprocedure(s.handler) IS NULL
+		WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = s.handler)
 		THEN 'its handler no longer exists'
-		WHEN obx._handler(s) IS NULL
-		THEN 'its handler belongs to another role than when it was subscribed'
 		WHEN s.topics IS NULL OR pg_catalog.cardinality(s.topics) = 0
 			 OR pg_catalog.array_position(s.topics, NULL) IS NOT NULL
 			 OR EXISTS (SELECT 1 FROM pg_catalog.unnest(s.topics) t
@@ -697,7 +542,7 @@ $$;
  * pick it up within obx.poll_interval.  The handler runs as the owner of
  * the consumer name: the role that subscribed it first.
  *
- * obx.subscribe itself is a C function (src/api/consumer_sql.c) that passes
+ * obx.subscribe itself is a C function (src/consumer_sql.c) that passes
  * its caller to obx._subscribe, which writes obx.subscriptions as the
  * extension owner: nobody else may write that table, and a SECURITY
  * DEFINER function cannot tell who called it.  obx._subscribe is granted
@@ -775,17 +620,14 @@ BEGIN
 		RAISE EXCEPTION USING ERRCODE = problem[1], MESSAGE = problem[2], HINT = problem[3];
 	END IF;
 
-	INSERT INTO obx.subscriptions AS s (consumer_name, topics, handler, handler_owner,
-										options, owner)
-	VALUES (_subscribe.consumer_name, _subscribe.topics, _subscribe.handler::text,
-			fn.proowner::regrole, _subscribe.options, owner_role::regrole)
+	INSERT INTO obx.subscriptions AS s (consumer_name, topics, handler, options, owner)
+	VALUES (_subscribe.consumer_name, _subscribe.topics, _subscribe.handler,
+			_subscribe.options, owner_role::regrole)
 	ON CONFLICT ON CONSTRAINT subscriptions_pkey DO UPDATE
 	   SET topics = excluded.topics, handler = excluded.handler,
-		   handler_owner = excluded.handler_owner,
 		   options = excluded.options, owner = excluded.owner, updated_at = now()
-	 WHERE (s.topics, s.handler, s.handler_owner, s.options, s.owner)
-		   IS DISTINCT FROM (excluded.topics, excluded.handler, excluded.handler_owner,
-							 excluded.options, excluded.owner);
+	 WHERE (s.topics, s.handler, s.options, s.owner)
+		   IS DISTINCT FROM (excluded.topics, excluded.handler, excluded.options, excluded.owner);
 END
 $$;
 
@@ -810,7 +652,6 @@ BEGIN
 	END IF;
 	PERFORM obx._check_consumer_owner(caller, consumer_name, sub_owner);
 	DELETE FROM obx.subscriptions s WHERE s.consumer_name = _unsubscribe.consumer_name;
-	DELETE FROM obx.consumer_kafka_errors k WHERE k.consumer_name = _unsubscribe.consumer_name;
 	RETURN true;
 END
 $$;
@@ -884,7 +725,7 @@ LANGUAGE C VOLATILE SECURITY INVOKER;
 /*
  * _replay_handler: run the subscription's handler on one dead letter as
  * the subscription's owner (never as the caller), in a security-restricted
- * operation, with the subscription's handler timeout (src/consumer/inbox.c).
+ * operation, with the subscription's handler timeout (src/inbox.c).
  */
 CREATE FUNCTION obx._replay_handler(dead_letter_id bigint)
 RETURNS void
@@ -908,7 +749,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	d obx.dead_letters;
-	sub text;
 	fn regprocedure;
 	applied integer := 0;
 BEGIN
@@ -920,19 +760,14 @@ BEGIN
 			  WHERE l.id = ANY (ids) AND l.replayed_at IS NULL
 			  ORDER BY l.id FOR UPDATE
 	LOOP
-		SELECT s.consumer_name, obx._handler(s) INTO sub, fn FROM obx.subscriptions s
+		SELECT s.handler INTO fn FROM obx.subscriptions s
 		 WHERE s.consumer_name = d.consumer_name;
 		BEGIN
-			IF sub IS NULL THEN
+			IF fn IS NULL THEN
 				RAISE EXCEPTION 'no obx subscription "%"', d.consumer_name
 					USING ERRCODE = 'undefined_object';
-			ELSIF fn IS NULL THEN
-				RAISE EXCEPTION 'the handler of obx subscription "%" no longer exists', d.consumer_name
-					USING ERRCODE = 'undefined_function',
-						  HINT = 'obx.consumers.problem says why; obx.subscribe names a handler again.';
 			END IF;
-			/* A tombstone (no payload, no raw value) is replayed as one. */
-			IF d.event_id IS NULL OR (d.payload IS NULL AND d.raw_payload IS NOT NULL) THEN
+			IF d.event_id IS NULL OR d.payload IS NULL THEN
 				RAISE EXCEPTION 'dead letter % has no %', d.id,
 					CASE WHEN d.event_id IS NULL THEN 'event id' ELSE 'JSON payload' END
 					USING ERRCODE = 'invalid_parameter_value',
@@ -996,8 +831,7 @@ SELECT e.topic,
 	   max(e.published_at) AS last_published_at,
 	   (array_agg(e.last_error ORDER BY e.last_error_at DESC)
 		  FILTER (WHERE e.last_error IS NOT NULL))[1] AS last_error,
-	   max(e.last_error_at) AS last_error_at,
-	   obx._relay_problem() AS problem
+	   max(e.last_error_at) AS last_error_at
   FROM obx.outbox_events e
   LEFT JOIN leased l ON l.id = e.id
  GROUP BY e.topic;
@@ -1016,26 +850,6 @@ SELECT e.id, e.topic, e.event_key, e.event_type, e.attempts,
  WHERE e.quarantined_at IS NOT NULL AND e.published_at IS NULL;
 
 CREATE VIEW obx.workers AS SELECT * FROM obx.worker_status();
-
-/* Cumulative histogram per topic since the server started (src/base/latency.c). */
-CREATE VIEW obx.publish_latency AS SELECT * FROM obx.publish_latency_buckets();
-
-/*
- * Median and 99th percentile of the publish latency per topic over the
- * last minute, from the retained events themselves (the published_at
- * index finds them).  Reads every event published in the window: at high
- * rates prefer histogram_quantile over obx_publish_latency_seconds.
- */
-CREATE VIEW obx.publish_latency_summary AS
-SELECT e.topic,
-	   count(*) AS events,
-	   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)) AS p50,
-	   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.published_at - e.occurred_at)) AS p99,
-	   interval '1 minute' AS window_length
-  FROM obx.outbox_events e
- WHERE e.published_at IS NOT NULL
-   AND e.published_at > now() - interval '1 minute'
- GROUP BY e.topic;
 
 /*
  * Error texts (a handler's errors can quote the data it was given) are
@@ -1070,14 +884,11 @@ SELECT s.consumer_name, s.topics, s.handler, s.owner,
 	   (array_agg(c.last_error ORDER BY c.last_error_at DESC)
 		  FILTER (WHERE c.last_error IS NOT NULL))[1] AS last_error,
 	   max(c.last_error_at) AS last_error_at,
-	   obx._subscription_problem(s) AS problem,
-	   CASE WHEN pg_has_role('pg_monitor', 'USAGE') THEN k.error END AS kafka_error,
-	   k.error_at AS kafka_error_at
+	   obx._subscription_problem(s) AS problem
   FROM obx.subscriptions s
   LEFT JOIN obx.consumer_status c ON c.consumer_name = s.consumer_name
 		AND c.topic = ANY (s.topics)
-  LEFT JOIN obx.consumer_kafka_errors k ON k.consumer_name = s.consumer_name
- GROUP BY s.consumer_name, s.topics, s.handler, s.owner, k.error, k.error_at;
+ GROUP BY s.consumer_name, s.topics, s.handler, s.owner;
 
 /* ---------------------------------------------------------------------
  * Privileges
@@ -1112,10 +923,6 @@ GRANT EXECUTE ON FUNCTION obx.worker_status(),
 	obx._subscription_problem(obx.subscriptions),
 	obx.subscription_kafka_properties() TO PUBLIC;
 
-/* The same for obx.status and obx.publish_latency. */
-GRANT EXECUTE ON FUNCTION obx._relay_problem(),
-	obx.publish_latency_buckets() TO PUBLIC;
-
 /* ---------------------------------------------------------------------
  * Comments
  * --------------------------------------------------------------------- */
@@ -1138,8 +945,6 @@ COMMENT ON TYPE obx.inbound_event IS
 	'A Kafka message as a subscription handler receives it';
 COMMENT ON TABLE obx.subscriptions IS
 	'Kafka topics the consumer workers read, as consumer group consumer_name, and the handler each message goes to';
-COMMENT ON TABLE obx.consumer_kafka_errors IS
-	'The last Kafka error of each consumer group, until a message of it is fetched again (obx.consumers.kafka_error)';
 COMMENT ON TABLE obx.consumer_partitions IS
 	'Consumer progress and counters per subscription, topic and partition';
 COMMENT ON TABLE obx.dead_letters IS
@@ -1150,12 +955,6 @@ COMMENT ON TABLE obx.consumer_owners IS
 	'The role each consumer name belongs to: who may subscribe, unsubscribe and mark events for it';
 COMMENT ON FUNCTION obx.enqueue(text, text, jsonb, text, text, jsonb, uuid) IS
 	'Store an event in the outbox inside the current transaction; returns its id';
-COMMENT ON FUNCTION obx.enqueue_many(text, text[], jsonb[], text[], text[], jsonb[], uuid[]) IS
-	'Store many events of one topic in the outbox inside the current transaction, in array order; returns their ids';
-COMMENT ON FUNCTION obx.enqueue_tombstone(text, text, text, text, jsonb, uuid) IS
-	'Store a tombstone (the key with a null value) in the outbox inside the current transaction; returns its id';
-COMMENT ON COLUMN obx.outbox_events.payload IS
-	'The message value; NULL for a tombstone (obx.enqueue_tombstone), published as a null value';
 COMMENT ON FUNCTION obx.retry(uuid) IS
 	'Make a quarantined or backing-off event publishable now; false if it is neither';
 COMMENT ON FUNCTION obx.retry_quarantined(text) IS
@@ -1179,17 +978,13 @@ COMMENT ON FUNCTION obx.replay_dead_letter(bigint[]) IS
 COMMENT ON FUNCTION obx.replay_dead_letter(text) IS
 	'Apply every dead letter of this consumer not yet replayed; returns how many succeeded';
 COMMENT ON VIEW obx.status IS
-	'Per topic: pending, leased, published (still retained), quarantined, age of the oldest unpublished event, last error, and why no relay publishes them (problem)';
+	'Per topic: pending, leased, published (still retained), quarantined, age of the oldest unpublished event, last error';
 COMMENT ON VIEW obx.leased_events IS
 	'Events leased to a relay worker (an expired lease stays until the next claim removes it)';
 COMMENT ON VIEW obx.quarantine IS
 	'Events the relay gave up on, with their errors; obx.retry(id) sends one again';
 COMMENT ON VIEW obx.workers IS
-	'One row per relay worker: the database it serves, state, counters, events/s, last success and last error';
-COMMENT ON VIEW obx.publish_latency IS
-	'Per topic, enqueue to Kafka acknowledgement: cumulative counts of events whose latency was at most le seconds, and the sum in seconds, since the server started';
-COMMENT ON VIEW obx.publish_latency_summary IS
-	'Per topic, median and 99th percentile of enqueue to Kafka acknowledgement, in seconds, over the events published in the last minute';
+	'One row per relay worker: state, counters, events/s, last success and last error';
 COMMENT ON VIEW obx.consumer_status IS
 	'Per consumer, topic and partition: position, lag, processed, duplicates, dead letters, retries, last error';
 COMMENT ON VIEW obx.consumers IS
@@ -1209,10 +1004,3 @@ SELECT pg_catalog.pg_extension_config_dump('obx.consumer_partitions', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.dead_letters', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.dead_letters_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('obx.consumer_owners', '');
-
-/* ---------------------------------------------------------------------
- * No silent dead end: warn now if no relay of this server will publish
- * this database's outbox (src/base/status.c).
- * --------------------------------------------------------------------- */
-
-SELECT obx._warn_unserved();

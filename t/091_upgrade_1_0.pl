@@ -1,4 +1,5 @@
-# ALTER EXTENSION obx UPDATE from 1.0 to 1.1, with events in every state.
+# ALTER EXTENSION obx UPDATE from 1.0 (the release's obx--1.0.sql) through
+# 1.1 to 1.2, with events in every state.
 #
 # 1.0 kept one row per event and wrote it again when it was published
 # (published_at, partition, offset) or failed (error, backoff, quarantine);
@@ -6,7 +7,7 @@
 # outbox log (docs/internals.md): published events become records and stay
 # published, failing and quarantined ones get their state, pending and
 # leased ones stay pending (a 1.0 lease is dropped: its events were not
-# published yet).  With the library of 1.1 loaded and the schema still at
+# published yet).  With the library of 1.2 loaded and the schema still at
 # 1.0, the relay waits for the update and says so.
 #
 # The states are written as 1.0's relay wrote them.  After the update:
@@ -14,7 +15,8 @@
 # is sent again, and each keeps where it landed; the backing-off event is
 # sent once its backoff ends; the quarantined one stays quarantined with its
 # error and still blocks its key, until obx.retry, after which its key's
-# events go out in enqueue order; the skipped one stays skipped.
+# events go out in enqueue order; the skipped one stays skipped; a
+# subscription names its handler by name, and a mark still dedupes.
 use strict;
 use warnings;
 
@@ -89,6 +91,14 @@ q1(qq{UPDATE obx.outbox_events SET quarantined_at = now(), last_error = 'x', las
 	  WHERE id = '$skipped'});
 is(q1(qq{SELECT obx.skip('$skipped', 'reissued')}), 't', 'one event skipped under 1.0');
 
+# A subscription (1.0 named its handler by OID) and a mark.
+mock_cmd($mock, "topic-create other.upgrade.v1 1");
+q1(q{CREATE FUNCTION public.on_event(e obx.inbound_event) RETURNS void
+	 LANGUAGE plpgsql AS $$BEGIN END$$});
+q1(q{SELECT obx.subscribe('shop', ARRAY['other.upgrade.v1'], 'public.on_event(obx.inbound_event)')});
+is(q1(q{SELECT obx.mark_processed('shop', 'm1')}), 't', 'one mark under 1.0');
+my $owner = q1('SELECT current_user');
+
 my $before = q1(q{SELECT string_agg(id || ' ' || kafka_partition || ' ' || kafka_offset || ' '
 		|| to_char(published_at, 'YYYY-MM-DD HH24:MI:SS.US'), ',' ORDER BY id)
 	FROM obx.outbox_events WHERE published_at IS NOT NULL});
@@ -98,7 +108,7 @@ ok($node->wait_for_log(qr/is waiting for ALTER EXTENSION obx UPDATE in database 
 is(scalar @{ read_topic($mock, $topic) }, 0, 'nothing was sent before the update');
 
 q1(q{ALTER EXTENSION obx UPDATE});
-is(q1(q{SELECT extversion FROM pg_extension WHERE extname = 'obx'}), '1.1', 'obx is at 1.1');
+is(q1(q{SELECT extversion FROM pg_extension WHERE extname = 'obx'}), '1.2', 'obx is at 1.2');
 relay_ready($node, 2);
 
 # Everything publishable reaches the broker: pending, leased, backing off.
@@ -124,6 +134,13 @@ is(q1(qq{SELECT count(*) FROM obx.outbox_events WHERE id IN ('$poison', '$behind
 is(q1(qq{SELECT count(*) FROM obx.outbox_events WHERE id = '$skipped'}) . ' '
 	. q1(qq{SELECT skip_reason FROM obx.skipped_events WHERE id = '$skipped'}),
 	'0 reissued', 'the skipped event stays skipped');
+
+is(q1(q{SELECT handler || ' ' || handler_owner || ' ' || owner FROM obx.subscriptions}),
+	"public.on_event(obx.inbound_event) $owner $owner",
+	'the subscription names its handler schema-qualified, with its owner');
+is(q1(q{SELECT coalesce(problem, 'no problem') FROM obx.consumers}), 'no problem',
+	'the subscription is served');
+is(q1(q{SELECT obx.mark_processed('shop', 'm1')}), 'f', "1.0's mark still dedupes");
 
 is(q1(qq{SELECT obx.retry('$poison')}), 't', 'obx.retry takes the quarantined event');
 $msgs = wait_for_broker($mock, $topic, sub {

@@ -169,8 +169,8 @@ for my $c (@sources)
 }
 
 # --- versions ------------------------------------------------------------
-# The extension's version (1.1), the Debian package's (1.1, a native
-# package: no revision) and PGXN's (1.1.0) agree (as test/meta-check also
+# The extension's version (1.2), the Debian package's (1.2, a native
+# package: no revision) and PGXN's (1.2.0) agree (as test/meta-check also
 # checks), and every version the docs name where they mean the current one
 # is one of them.
 my ($ext) = slurp('obx.control') =~ /^default_version = '([^']+)'/m;

@@ -273,7 +273,10 @@ obx_enqueue_required_text(FunctionCallInfo fcinfo, int argno, const char *what)
  * updated and ALTER EXTENSION obx UPDATE has not run yet.  obx.enqueue
  * then inserts into obx.outbox_events, which the update carries over into
  * obx.events (obx--1.0--1.1.sql), so the application keeps enqueueing
- * through the upgrade.  The relay publishes nothing until the update.
+ * through the upgrade.  A database still at 1.1 has obx.events with every
+ * column these statements name (1.2 adds era, whose default the update
+ * gives the rows there are: obx--1.1--1.2.sql), and takes the same plans
+ * as 1.2.  The relay publishes nothing until the update (worker.c).
  */
 bool
 obx_enqueue_schema_is_1_0(void)

@@ -48,8 +48,9 @@ drops_obx(Node *stmt)
 /*
  * Refuse the drop while something would be lost: events not published
  * (quarantined ones included) and dead letters not replayed.  Only for
- * the schema this library serves; an older one, or none (DROP EXTENSION
- * IF EXISTS), is left alone.
+ * the schema this library serves and 1.1's, which has the same tables and
+ * view (a database between the package's upgrade and ALTER EXTENSION obx
+ * UPDATE); 1.0's, or none (DROP EXTENSION IF EXISTS), is left alone.
  */
 static void
 check_nothing_waits(void)
@@ -62,7 +63,7 @@ check_nothing_waits(void)
 	if (obx_drop_unpublished)
 		return;
 	SPI_connect();
-	rc = SPI_execute("SELECT extversion = '" OBX_SCHEMA_VERSION "' FROM pg_catalog.pg_extension"
+	rc = SPI_execute("SELECT extversion IN ('1.1', '" OBX_SCHEMA_VERSION "') FROM pg_catalog.pg_extension"
 					 " WHERE extname = 'obx'",
 					 true, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1 ||

@@ -3,7 +3,7 @@
  * housekeeping.c
  *	  The purges both kinds of worker run: the outbox's rotation, which
  *	  truncates generations of published events older than obx.retention
- *	  (obx._rotate, obx--1.0--1.1.sql), dedupe rows of obx.processed_events
+ *	  (obx._rotate, obx--1.1--1.2.sql), dedupe rows of obx.processed_events
  *	  older than obx.processed_retention, and dead letters older than
  *	  obx.dead_letter_retention.
  *

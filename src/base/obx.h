@@ -24,7 +24,7 @@
 #define OBX_MAX_WORKERS 32
 
 /* The schema version (obx.control's default_version) this library serves. */
-#define OBX_SCHEMA_VERSION "1.1"
+#define OBX_SCHEMA_VERSION "1.2"
 
 /* The role CREATE EXTENSION grants what the workers' statements need. */
 #define OBX_WORKER_GRANTS_ROLE "obx_worker"

@@ -2,7 +2,7 @@
  *
  * inbox.c
  *	  One message of a subscription obx-relay's consumer runs: applied by
- *	  obx._consume (obx--1.0--1.1.sql: mark, handler, dead letter,
+ *	  obx._consume (obx--1.1--1.2.sql: mark, handler, dead letter,
  *	  progress, as the consumer workers' src/consumer/inbox.c does) in a
  *	  transaction of its own, over the subscription's session, prepared
  *	  here.

@@ -21,7 +21,7 @@
 
 /*
  * The claim lock's advisory lock key: ("obx" in ASCII, 1).  obx._rotate
- * (obx--1.0--1.1.sql) takes it too, as 7299704.
+ * (obx--1.1--1.2.sql) takes it too, as 7299704.
  */
 #define OBX_CLAIM_LOCK_CLASS  0x6f6278
 #define OBX_CLAIM_LOCK_OBJECT 1
@@ -342,7 +342,7 @@
 /*
  * One step of the outbox's rotation ($1: obx.retention in seconds): mark a
  * generation published, truncate one past the retention, or start a new
- * one (obx._rotate, obx--1.0--1.1.sql).
+ * one (obx._rotate, obx--1.1--1.2.sql).
  */
 #define OBX_SQL_ROTATE "SELECT obx._rotate($1)"
 
