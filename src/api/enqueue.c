@@ -41,9 +41,9 @@ PG_FUNCTION_INFO_V1(obx_enqueue);
 PG_FUNCTION_INFO_V1(obx_wake);
 PG_FUNCTION_INFO_V1(obx_enqueue_tombstone);
 
-static SPIPlanPtr insert_plan = NULL;     /* for ids given, in 1.0's table */
+static SPIPlanPtr insert_plan = NULL;     /* for ids given, in 1.0's table only */
 static SPIPlanPtr insert_new_plan = NULL; /* for new ids (event_id.c checks given ones) */
-static SPIPlanPtr existing_plan = NULL;   /* 1.0's table */
+static SPIPlanPtr existing_plan = NULL;   /* 1.0's table only */
 static bool plans_1_0 = false;            /* prepared for 1.0's table */
 static bool wake_at_commit = false;
 static bool async_commit_announced = false; /* see obx_async_commit_starting */
@@ -303,36 +303,25 @@ obx_enqueue_prepare_plans(void)
 	Oid existing_types[1] = {UUIDOID};
 	bool v10;
 
-	if (insert_plan != NULL && SPI_plan_is_valid(insert_plan) &&
-		SPI_plan_is_valid(insert_new_plan) && SPI_plan_is_valid(existing_plan))
+	if (insert_new_plan != NULL && SPI_plan_is_valid(insert_new_plan) &&
+		(!plans_1_0 || (SPI_plan_is_valid(insert_plan) && SPI_plan_is_valid(existing_plan))))
 		return;
-	if (insert_plan != NULL)
-	{
-		SPI_freeplan(insert_plan);
+	if (insert_new_plan != NULL)
 		SPI_freeplan(insert_new_plan);
+	if (insert_plan != NULL)
+		SPI_freeplan(insert_plan);
+	if (existing_plan != NULL)
 		SPI_freeplan(existing_plan);
-	}
+	insert_plan = existing_plan = NULL;
 	v10 = obx_enqueue_schema_is_1_0();
 	plans_1_0 = v10;
 	obx_enqueue_plans_epoch++;
 
 	/*
-	 * In 1.0's table one unique index sees every id: a given id that is
-	 * there already is not inserted (ON CONFLICT).  1.1 has no such index
-	 * (event_id.c); there this plan is the same as the next.
-	 */
-	insert_plan = obx_prepare_kept(
-		v10 ? "INSERT INTO obx.outbox_events "
-			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) "
-			  "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING"
-			: "INSERT INTO obx.events "
-			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) "
-			  "VALUES ($1, $2, $3, $4, $5, $6, $7)",
-		7, insert_types);
-	/*
 	 * A generated id is new (48 bits of time, 74 random): its insert needs
 	 * no speculative insertion and no look-up, which cost a good part of a
-	 * one-row insert.  A given id is looked up first (obx_enqueue_given).
+	 * one-row insert.  In 1.1 a given id is looked up first
+	 * (obx_enqueue_given) and then inserted with the same plan.
 	 */
 	insert_new_plan = obx_prepare_kept(
 		v10 ? "INSERT INTO obx.outbox_events "
@@ -342,15 +331,24 @@ obx_enqueue_prepare_plans(void)
 			  "(id, aggregate_id, topic, event_key, event_type, headers, payload) "
 			  "VALUES ($1, $2, $3, $4, $5, $6, $7)",
 		7, insert_types);
+	if (!v10)
+		return;
+
+	/*
+	 * In 1.0's table one unique index sees every id: a given id that is
+	 * there already is not inserted (ON CONFLICT), and is then compared
+	 * (obx_enqueue_check_existing).
+	 */
+	insert_plan = obx_prepare_kept(
+		"INSERT INTO obx.outbox_events "
+		"(id, aggregate_id, topic, event_key, event_type, headers, payload) "
+		"VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+		7, insert_types);
 	existing_plan = obx_prepare_kept(
-		v10 ? "SELECT topic, event_key, coalesce(payload::pg_catalog.text, ''), "
-			  "coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
-			  "aggregate_id "
-			  "FROM obx.outbox_events WHERE id OPERATOR(pg_catalog.=) $1"
-			: "SELECT topic, event_key, coalesce(payload::pg_catalog.text, ''), "
-			  "coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
-			  "aggregate_id "
-			  "FROM obx.events WHERE id OPERATOR(pg_catalog.=) $1",
+		"SELECT topic, event_key, coalesce(payload::pg_catalog.text, ''), "
+		"coalesce(event_type, ''), coalesce(headers::pg_catalog.text, ''), "
+		"aggregate_id "
+		"FROM obx.outbox_events WHERE id OPERATOR(pg_catalog.=) $1",
 		1, existing_types);
 }
 
