@@ -63,20 +63,9 @@ bench_enqueue()
 		fi
 		local kind obx_sum=0 plain_sum=0 obx_tps_sum=0 plain_tps_sum=0 backlog="" settle=""
 		for kind in obx plain plain obx; do
-			reset_outbox
-			local out lat tps
-			out=$(PGOPTIONS="$pgoptions" run_pgbench -c "$clients" -j "$threads" -T "$secs" -M prepared \
-				-f "$here/pgbench/enqueue_$kind.sql" 2>&1) || {
-				echo "$out" >&2
-				return 1
-			}
-			lat=$(pgbench_latency "$out")
-			tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")
-			if [ -z "$lat" ] || [ -z "$tps" ]; then
-				echo "bench: could not read pgbench's output:" >&2
-				echo "$out" >&2
-				return 1
-			fi
+			local lat tps
+			read -r lat tps < <(enqueue_run "$kind" "$secs" "$clients" "$threads" "$pgoptions") &&
+				[ -n "$tps" ] || return 1
 			if [ $kind = obx ]; then
 				obx_sum=$(calc "$obx_sum + $lat" 4)
 				obx_tps_sum=$(calc "$obx_tps_sum + $tps" 1)
@@ -138,21 +127,39 @@ $label | $obx_ms | $(calc "$obx_tps_sum / 2" 0) | $plain_ms | $(calc "$plain_tps
 	done
 }
 
+# enqueue_run KIND SECS CLIENTS THREADS PGOPTIONS: one timed run of
+# pgbench/enqueue_KIND.sql from a reset outbox; prints "ms/txn txn/s", or
+# says what went wrong and fails.
+enqueue_run()
+{
+	local kind=$1 secs=$2 clients=$3 threads=$4 pgoptions=$5
+	local out lat tps
+	reset_outbox
+	out=$(PGOPTIONS="$pgoptions" run_pgbench -c "$clients" -j "$threads" -T "$secs" -M prepared \
+		-f "$here/pgbench/enqueue_$kind.sql" 2>&1) || {
+		echo "$out" >&2
+		return 1
+	}
+	lat=$(pgbench_latency "$out")
+	tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")
+	if [ -z "$lat" ] || [ -z "$tps" ]; then
+		echo "bench: could not read pgbench's output:" >&2
+		echo "$out" >&2
+		return 1
+	fi
+	echo "$lat $tps"
+}
+
 # given_vs_generated SECS CLIENTS THREADS PGOPTIONS: obx.enqueue with the
 # event id given against a generated id, in runs given, generated,
 # generated, given; prints the line that compares their mean ms/txn.
 given_vs_generated()
 {
 	local secs=$1 clients=$2 threads=$3 pgoptions=$4
-	local kind out lat given=0 generated=0
+	local kind lat given=0 generated=0
 	for kind in obx_given obx obx obx_given; do
-		reset_outbox
-		out=$(PGOPTIONS="$pgoptions" run_pgbench -c "$clients" -j "$threads" -T "$secs" -M prepared \
-			-f "$here/pgbench/enqueue_$kind.sql" 2>&1) || {
-			echo "$out" >&2
-			return 1
-		}
-		lat=$(pgbench_latency "$out")
+		read -r lat _ < <(enqueue_run "$kind" "$secs" "$clients" "$threads" "$pgoptions") &&
+			[ -n "$lat" ] || return 1
 		if [ $kind = obx ]; then
 			generated=$(calc "$generated + $lat" 4)
 		else
