@@ -245,8 +245,7 @@ read_properties_file(const char *path, size_t *len, char *errbuf, size_t errlen)
 				 path);
 		return NULL;
 	}
-	if ((st.st_uid == geteuid() && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) ||
-		(st.st_uid == 0 && (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO)) != 0))
+	if (!OBX_SECRET_FILE_OK(st.st_uid, st.st_mode, geteuid()))
 	{
 		snprintf(errbuf, errlen,
 				 "obx.kafka_properties_file \"%s\" has group or world access; "

@@ -167,8 +167,8 @@ holds_secret(const char *name, const char *value)
 
 /*
  * A settings file that holds a secret must be no more open than a
- * PostgreSQL key file (and obx.kafka_properties_file): u=rw (0600) or less
- * when the daemon's user owns it, u=rw,g=r (0640) or less when root does.
+ * PostgreSQL key file, by obx.kafka_properties_file's rule
+ * (OBX_SECRET_FILE_OK).
  */
 static bool
 secret_file_closed(FILE *f, const char *path)
@@ -180,9 +180,7 @@ secret_file_closed(FILE *f, const char *path)
 		obx_say("ERROR", "could not stat settings file \"%s\": %s", path, strerror(errno));
 		return false;
 	}
-	if ((st.st_uid == geteuid() && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) ||
-		(st.st_uid == 0 && (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO)) != 0) ||
-		(st.st_uid != geteuid() && st.st_uid != 0))
+	if (!OBX_SECRET_FILE_OK(st.st_uid, st.st_mode, geteuid()))
 	{
 		obx_say("ERROR", "settings file \"%s\" holds a password and has group or world access, "
 						 "or another owner: it must be u=rw (0600) or less if owned by the user obx-relay "

@@ -27,6 +27,16 @@
 #define OBX_CLAIM_LOCK_OBJECT 1
 
 /*
+ * The rule for a file that holds secrets (obx.kafka_properties_file,
+ * obx-relay's settings file with a password), as PostgreSQL's for its key
+ * files: owned by the user the process runs as (euid) and u=rw (0600) or
+ * less, or owned by root and u=rw,g=r (0640) or less.  Needs <sys/stat.h>.
+ */
+#define OBX_SECRET_FILE_OK(uid, mode, euid)                      \
+	(((uid) == (euid) && ((mode) & (S_IRWXG | S_IRWXO)) == 0) || \
+	 ((uid) == 0 && ((mode) & (S_IWGRP | S_IXGRP | S_IRWXO)) == 0))
+
+/*
  * A lease's owner (obx.claims.owner): the in-database relay workers are
  * numbered from 0 to OBX_MAX_WORKERS - 1 (src/base/obx.h; obx.c asserts
  * that they stay below this), and each releases the live leases of its
