@@ -67,6 +67,36 @@ DROP INDEX obx.records_ids_idx;
 CREATE INDEX records_seqs_idx ON obx.records USING gist (seqs);
 
 /*
+ * The records of the last minute (obx.publish_latency_summary), found
+ * without reading the older ones.
+ */
+CREATE INDEX records_recorded_at_idx ON obx.records (recorded_at);
+
+/*
+ * How many events were published, per generation of the lease that
+ * published them and topic, and the newest publish time: what obx.status
+ * says of published events without reading them.  The record step appends
+ * one row per topic of its batch, in the batch's transaction; obx._rotate
+ * sums each generation's and topic's rows into one every few seconds, and
+ * deletes a generation's rows with its records.  A reader sums the rows:
+ * what it reads is as many rows as batches since the last sum, and one per
+ * generation and topic.  An event published twice (a replay, a stale
+ * worker's late report) counts twice, as it reached Kafka twice.
+ */
+CREATE TABLE obx.published_counts (
+	generation			bigint		NOT NULL,	/* the lease's: lease_id >> 40 */
+	topic				text		NOT NULL,
+	published			bigint		NOT NULL,
+	last_published_at	timestamptz NOT NULL
+);
+/* The events published before this update, from their records. */
+INSERT INTO obx.published_counts (generation, topic, published, last_published_at)
+SELECT r.lease_id >> 40, e.topic, count(*), max(x.t)
+  FROM obx.records r, unnest(r.ids, r.published_at) AS x(id, t), obx.events e
+ WHERE e.id = x.id
+ GROUP BY 1, 2;
+
+/*
  * The records that can name an event _unpublished considers, as of the
  * tick (floor, tick): those of batches that held an event at or above the
  * floor, and those of every claim after the tick.
@@ -77,6 +107,11 @@ CREATE INDEX records_seqs_idx ON obx.records USING gist (seqs);
  * started (ExecutorStart) on every claim whether it ran or not, which
  * costs the relay most at a steady rate (docs/benchmarks.md).  Called, it
  * starts only where it runs.
+ *
+ * Each open range has its (always true) other end: a plan made without the
+ * values, as a generic plan is, then expects a few rows of each index, as
+ * for any range of unknown ends, instead of a third of the table, which
+ * made it read every record.  The views below do the same.
  */
 CREATE OR REPLACE FUNCTION obx._published_ids(floor bigint, tick bigint)
 RETURNS SETOF uuid
@@ -86,7 +121,8 @@ BEGIN
 	RETURN QUERY
 	SELECT u.id
 	  FROM obx.records r, pg_catalog.unnest(r.ids) AS u(id)
-	 WHERE r.max_seq >= _published_ids.floor OR r.lease_id > _published_ids.tick;
+	 WHERE (r.max_seq >= _published_ids.floor AND r.max_seq <= 9223372036854775807)
+		OR (r.lease_id > _published_ids.tick AND r.lease_id <= 9223372036854775807);
 END
 $$;
 
@@ -196,7 +232,8 @@ LANGUAGE sql STABLE
 AS $$
 	SELECT c.*
 	  FROM obx.claims c
-	 WHERE (c.max_seq >= _live_leases.floor OR c.lease_id > _live_leases.tick)
+	 WHERE ((c.max_seq >= _live_leases.floor AND c.max_seq <= 9223372036854775807)
+			OR (c.lease_id > _live_leases.tick AND c.lease_id <= 9223372036854775807))
 	   AND c.ids IS NOT NULL
 	   AND NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)
 	   AND greatest(c.until, (SELECT max(n.until) FROM obx.renewals n
@@ -213,7 +250,10 @@ $$;
  * would need EXECUTE and SELECT granted to every reader.  They are not
  * written twice by hand: a view's text is the functions' with the latest
  * tick joined in, and test/sql/operations.sql checks that both give the
- * same rows.
+ * same rows.  Each table is read in a subquery of its own (LATERAL,
+ * OFFSET 0) that takes the tick's values as parameters, as the functions
+ * do: it reads the index ranges from the tick on.  Joined to the tick
+ * instead, the planner read every retained row and filtered them (t/038).
  */
 CREATE OR REPLACE VIEW obx._latest_tick AS
 SELECT t.floor, t.snap, t.tick FROM (
@@ -230,31 +270,43 @@ SELECT t.floor, t.snap, t.tick FROM (
 CREATE OR REPLACE VIEW obx._unpublished_events AS
 WITH t AS MATERIALIZED (SELECT * FROM obx._latest_tick),
 	 published AS MATERIALIZED (
-		SELECT u.id FROM t, obx.records r, unnest(r.ids) AS u(id)
-		 WHERE r.max_seq >= t.floor OR r.lease_id > t.tick),
+		SELECT u.id
+		  FROM t, LATERAL (
+			SELECT r.ids FROM obx.records r
+			 WHERE (r.max_seq >= t.floor AND r.max_seq <= 9223372036854775807)
+				OR (r.lease_id > t.tick AND r.lease_id <= 9223372036854775807)
+			OFFSET 0) r, unnest(r.ids) AS u(id)),
 	 held AS MATERIALIZED (SELECT s.id FROM obx.event_states s)
 SELECT e.*
-  FROM obx.events e, t
- WHERE e.seq >= t.floor
-   AND e.id NOT IN (SELECT id FROM published)
+  FROM t, LATERAL (
+	SELECT e.* FROM obx.events e
+	 WHERE e.seq >= t.floor AND e.seq <= 9223372036854775807
+	OFFSET 0) e
+ WHERE e.id NOT IN (SELECT id FROM published)
    AND e.id NOT IN (SELECT id FROM held)
 UNION ALL
-SELECT e.*
-  FROM obx.events e, t
- WHERE e.seq < t.floor
-   AND ((e.xid >= pg_snapshot_xmax(t.snap)::text::bigint
-		 AND e.xid < pg_snapshot_xmax(pg_current_snapshot())::text::bigint)
-		OR e.xid = ANY (ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(t.snap) x)))
-   AND e.era = obx._era()
-   AND e.id NOT IN (SELECT id FROM published)
-   AND e.id NOT IN (SELECT id FROM held);
+SELECT c.*
+  FROM t, LATERAL (
+	SELECT e.*
+	  FROM obx.events e
+	 WHERE ((e.xid >= pg_snapshot_xmax(t.snap)::text::bigint
+			 AND e.xid < pg_snapshot_xmax(pg_current_snapshot())::text::bigint)
+			OR e.xid = ANY (ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(t.snap) x)))
+	   AND e.era = obx._era()
+	   AND e.seq + 0 < t.floor
+	OFFSET 0) c
+ WHERE c.id NOT IN (SELECT id FROM published)
+   AND c.id NOT IN (SELECT id FROM held);
 
 CREATE OR REPLACE VIEW obx._live_claims AS
 SELECT c.*
-  FROM obx.claims c, obx._latest_tick t
- WHERE (c.max_seq >= t.floor OR c.lease_id > t.tick)
-   AND c.ids IS NOT NULL
-   AND NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)
+  FROM obx._latest_tick t, LATERAL (
+	SELECT c.* FROM obx.claims c
+	 WHERE ((c.max_seq >= t.floor AND c.max_seq <= 9223372036854775807)
+			OR (c.lease_id > t.tick AND c.lease_id <= 9223372036854775807))
+	   AND c.ids IS NOT NULL
+	OFFSET 0) c
+ WHERE NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)
    AND greatest(c.until, (SELECT max(n.until) FROM obx.renewals n
 						   WHERE n.lease_id = c.lease_id)) >= now();
 
@@ -266,8 +318,9 @@ SELECT c.*
  * unpublished and no transaction can still insert into its partition (a
  * SHARE lock taken without waiting); the events that wait behind a failing
  * event of their key are held first.  It is truncated obx.retention after
- * it was done, in all four tables at once, without waiting for the lock:
- * a claim or a report that holds a partition makes it try again later.
+ * it was done, in all four tables at once (and its counts in
+ * obx.published_counts), without waiting for the lock: a claim or a
+ * report that holds a partition makes it try again later.
  * The current generation is rotated away after half of obx.retention,
  * once the partition it moves to is empty, under the claim lock, so that
  * a claim's lease ids and the events it can see change generation
@@ -293,6 +346,18 @@ DECLARE
 	slot integer;
 	t record;
 BEGIN
+	/*
+	 * The counts of published events, one row per batch and topic since
+	 * the last call: each generation's and topic's rows become one.  At
+	 * every retention, 0 included: they are what obx.status reads.
+	 */
+	IF EXISTS (SELECT 1 FROM obx.published_counts c
+				GROUP BY c.generation, c.topic HAVING count(*) > 1) THEN
+		WITH d AS (DELETE FROM obx.published_counts RETURNING *)
+		INSERT INTO obx.published_counts (generation, topic, published, last_published_at)
+		SELECT d.generation, d.topic, sum(d.published), max(d.last_published_at)
+		  FROM d GROUP BY d.generation, d.topic;
+	END IF;
 	IF retention_s <= 0 THEN
 		RETURN NULL;
 	END IF;
@@ -353,6 +418,7 @@ BEGIN
 		END;
 		EXECUTE format('TRUNCATE obx.events_%1$s, obx.claims_%1$s, obx.records_%1$s,'
 					   ' obx.renewals_%1$s', slot);
+		DELETE FROM obx.published_counts c WHERE c.generation % 3 = slot;
 		DELETE FROM obx.event_states s
 		 WHERE s.seq >> 40 = g.generation
 		   AND (s.published_at IS NOT NULL OR s.skipped_at IS NOT NULL);
@@ -376,49 +442,161 @@ END
 $$;
 
 /*
- * Every retained event, as 1.0's table showed it: published once a record
- * names it (or, for an event with a state, once the state says so);
- * partition and offset from its first record since its latest replay (a
- * stale worker's late report of a second copy does not move them);
- * errors and attempts from obx.event_states.  Skipped events are in obx.skipped_events instead.
- * Reading where one event landed is an index lookup of the records whose
- * claims spanned its seq, and a search of their ids; reading them all
- * does that for every event.  1.0's obx.replay(topic, since, until) reads
- * it as it read the table, unchanged.
+ * Every retained event, as 1.0's table showed it, and its state: pending,
+ * leased, failing, quarantined or published.  Three parts, none of which
+ * reads another's events:
+ *   - unpublished with no state (obx._unpublished_events): what is
+ *     pending or leased, read from the latest tick up, never the history;
+ *   - published with no state: every other event, published_at and where
+ *     it landed from its record;
+ *   - with a state (obx.event_states): failing, quarantined, replayed, or
+ *     published after that; a held event stays here after its generation
+ *     was truncated.
+ * state is a constant in the published part, so that a query for the
+ * others (state <> 'published', state IN ('pending', 'leased')) is planned
+ * without that part: it costs what is unpublished, not what is retained
+ * (docs/sql.md, "What a read costs").  published_at IS NULL reads every
+ * retained event: the planner cannot tell that a record's time is never
+ * NULL.  A record is an index lookup of the records whose claims spanned
+ * the event's seq, and a search of their ids: partition and offset from
+ * the first record since the event's latest replay (a stale worker's late
+ * report of a second copy does not move them).  Skipped events are in
+ * obx.skipped_events instead.  1.0's obx.replay(topic, since, until)
+ * reads it as it read the table, unchanged.
  */
 CREATE OR REPLACE VIEW obx.outbox_events AS
+SELECT u.id, u.seq, u.aggregate_id, u.topic, u.event_key, u.event_type,
+	   u.headers, u.payload, u.occurred_at,
+	   NULL::timestamptz AS published_at, 0 AS attempts, 0 AS failures,
+	   '-infinity'::timestamptz AS next_attempt_at, NULL::timestamptz AS quarantined_at,
+	   NULL::text AS last_error, NULL::text AS last_error_class,
+	   NULL::timestamptz AS last_error_at, NULL::integer AS kafka_partition,
+	   NULL::bigint AS kafka_offset,
+	   CASE WHEN u.id IN (SELECT x.id FROM obx._live_claims l, unnest(l.ids) AS x(id))
+			THEN 'leased' ELSE 'pending' END AS state
+  FROM obx._unpublished_events u
+UNION ALL
 SELECT e.id, e.seq, e.aggregate_id, e.topic, e.event_key, e.event_type,
-	   e.headers, e.payload, e.occurred_at,
-	   CASE WHEN s.id IS NULL THEN r.published_at ELSE s.published_at END AS published_at,
-	   coalesce(s.attempts, (r.published_at IS NOT NULL)::integer) AS attempts,
-	   coalesce(s.failures, 0) AS failures,
-	   coalesce(s.next_attempt_at, '-infinity') AS next_attempt_at,
-	   s.quarantined_at, s.last_error, s.last_error_class, s.last_error_at,
-	   CASE WHEN s.id IS NULL OR s.published_at IS NOT NULL THEN r.kafka_partition END
-		 AS kafka_partition,
-	   CASE WHEN s.id IS NULL OR s.published_at IS NOT NULL THEN r.kafka_offset END
-		 AS kafka_offset
+	   e.headers, e.payload, e.occurred_at, r.published_at, 1, 0, '-infinity', NULL, NULL,
+	   NULL, NULL, r.kafka_partition, r.kafka_offset, 'published'
   FROM obx.events e
-  LEFT JOIN obx.event_states s ON s.id = e.id
   LEFT JOIN LATERAL (
 	SELECT x.published_at[i] AS published_at, x.partitions[i] AS kafka_partition,
 		   x.offsets[i] AS kafka_offset
 	  FROM obx.records x, array_position(x.ids, e.id) AS i
 	 WHERE x.seqs @> e.seq::numeric
 	   AND i IS NOT NULL
-	   AND x.recorded_at >= coalesce(s.replayed_at, '-infinity')
 	 ORDER BY x.recorded_at
 	 LIMIT 1) r ON true
- WHERE s.skipped_at IS NULL
+ WHERE NOT EXISTS (SELECT 1 FROM obx.event_states s WHERE s.id = e.id)
+   AND NOT EXISTS (SELECT 1 FROM obx._unpublished_events u WHERE u.id = e.id)
 UNION ALL
-/* Held events whose generation was truncated: their state keeps them. */
 SELECT s.id, s.seq, s.aggregate_id, s.topic, s.event_key, s.event_type,
 	   s.headers, s.payload, s.occurred_at, s.published_at, s.attempts, s.failures,
 	   s.next_attempt_at, s.quarantined_at, s.last_error, s.last_error_class,
-	   s.last_error_at, NULL, NULL
+	   s.last_error_at,
+	   CASE WHEN s.published_at IS NOT NULL THEN r.kafka_partition END,
+	   CASE WHEN s.published_at IS NOT NULL THEN r.kafka_offset END,
+	   CASE WHEN s.published_at IS NOT NULL THEN 'published'
+			WHEN s.id IN (SELECT x.id FROM obx._live_claims l, unnest(l.ids) AS x(id))
+			THEN 'leased'
+			WHEN s.quarantined_at IS NOT NULL THEN 'quarantined'
+			WHEN s.last_error IS NOT NULL THEN 'failing'
+			ELSE 'pending' END
   FROM obx.event_states s
- WHERE s.skipped_at IS NULL
-   AND NOT EXISTS (SELECT 1 FROM obx.events e WHERE e.id = s.id);
+  LEFT JOIN LATERAL (
+	SELECT x.partitions[i] AS kafka_partition, x.offsets[i] AS kafka_offset
+	  FROM obx.records x, array_position(x.ids, s.id) AS i
+	 WHERE x.seqs @> s.seq::numeric
+	   AND i IS NOT NULL
+	   AND x.recorded_at >= coalesce(s.replayed_at, '-infinity')
+	 ORDER BY x.recorded_at
+	 LIMIT 1) r ON s.published_at IS NOT NULL
+ WHERE s.skipped_at IS NULL;
+
+/*
+ * Per-topic health: the numbers to alert on, each from what is pending,
+ * leased or held, never from the retained history: the unpublished events
+ * as of the latest tick (obx._unpublished_events), the live leases, the
+ * states, and the counts of published events (obx.published_counts).
+ * published is how many events were published in the generations still
+ * retained (an event published twice counts twice), and falls when a
+ * generation is truncated; last_published_at the newest publish of those.
+ */
+CREATE OR REPLACE VIEW obx.status AS
+WITH leased AS (
+	SELECT DISTINCT x.id FROM obx._live_claims l, unnest(l.ids) AS x(id)
+),
+un AS (
+	SELECT u.topic,
+		   count(*) FILTER (WHERE l.id IS NULL) AS pending,
+		   count(*) FILTER (WHERE l.id IS NOT NULL) AS leased,
+		   min(u.occurred_at) AS oldest
+	  FROM obx._unpublished_events u LEFT JOIN leased l ON l.id = u.id
+	 GROUP BY u.topic
+),
+st AS (
+	SELECT s.topic,
+		   count(*) FILTER (WHERE s.published_at IS NULL AND s.skipped_at IS NULL
+							AND s.quarantined_at IS NULL AND l.id IS NULL) AS pending,
+		   count(*) FILTER (WHERE s.published_at IS NULL AND s.skipped_at IS NULL
+							AND s.quarantined_at IS NULL AND l.id IS NOT NULL) AS leased,
+		   count(*) FILTER (WHERE s.published_at IS NULL AND s.skipped_at IS NULL
+							AND s.quarantined_at IS NOT NULL) AS quarantined,
+		   count(*) FILTER (WHERE s.published_at IS NULL AND s.skipped_at IS NULL
+							AND s.quarantined_at IS NULL AND s.last_error IS NOT NULL) AS failing,
+		   min(s.occurred_at) FILTER (WHERE s.published_at IS NULL AND s.skipped_at IS NULL) AS oldest,
+		   (array_agg(s.last_error ORDER BY s.last_error_at DESC)
+			  FILTER (WHERE s.last_error IS NOT NULL))[1] AS last_error,
+		   max(s.last_error_at) AS last_error_at,
+		   max(s.published_at) AS last_published_at
+	  FROM obx.event_states s LEFT JOIN leased l ON l.id = s.id
+	 GROUP BY s.topic
+),
+pub AS (
+	SELECT c.topic, sum(c.published)::bigint AS n, max(c.last_published_at) AS last_published_at
+	  FROM obx.published_counts c
+	 GROUP BY c.topic
+),
+topics AS (
+	SELECT topic FROM un UNION SELECT topic FROM st UNION SELECT topic FROM pub
+)
+SELECT t.topic,
+	   coalesce(un.pending, 0) + coalesce(st.pending, 0) AS pending,
+	   coalesce(un.leased, 0) + coalesce(st.leased, 0) AS leased,
+	   coalesce(pub.n, 0) AS published,
+	   coalesce(st.quarantined, 0) AS quarantined,
+	   coalesce(st.failing, 0) AS failing,
+	   least(un.oldest, st.oldest) AS oldest_pending_at,
+	   greatest(coalesce(now() - least(un.oldest, st.oldest), '0'::interval), '0'::interval)
+		 AS oldest_pending_age,
+	   greatest(pub.last_published_at, st.last_published_at) AS last_published_at,
+	   st.last_error,
+	   st.last_error_at,
+	   obx._relay_problem() AS problem
+  FROM topics t
+  LEFT JOIN un ON un.topic = t.topic
+  LEFT JOIN st ON st.topic = t.topic
+  LEFT JOIN pub ON pub.topic = t.topic;
+
+/*
+ * Median and 99th percentile of the publish latency per topic over the
+ * last minute, from the records of that minute (found by their index on
+ * recorded_at) and each of their events (by its id).
+ */
+CREATE OR REPLACE VIEW obx.publish_latency_summary AS
+SELECT e.topic,
+	   count(*) AS events,
+	   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM x.t - e.occurred_at)) AS p50,
+	   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM x.t - e.occurred_at)) AS p99,
+	   interval '1 minute' AS window_length
+  FROM obx.records r
+ CROSS JOIN LATERAL unnest(r.ids, r.published_at) AS x(id, t)
+ CROSS JOIN LATERAL (SELECT v.topic, v.occurred_at FROM obx.events v
+					  WHERE v.id = x.id LIMIT 1) e
+ WHERE r.recorded_at > now() - interval '1 minute'
+   AND x.t > now() - interval '1 minute'
+ GROUP BY e.topic;
 
 /*
  * Why a relay must not claim in this database, or NULL: a logical
@@ -446,7 +624,7 @@ AS $$
 $$;
 
 REVOKE ALL ON obx.generations, obx.events, obx.claims, obx.renewals, obx.records,
-	obx.event_states, obx.outbox_events, obx.status, obx.leased_events,
+	obx.published_counts, obx.event_states, obx.outbox_events, obx.status, obx.leased_events,
 	obx.quarantine, obx.publish_latency_summary, obx.leases, obx._latest_tick,
 	obx._unpublished_events, obx._live_claims FROM PUBLIC;
 /* The era is no secret, and the status views, read as their reader, use it. */
@@ -497,6 +675,7 @@ REVOKE ALL ON FUNCTION obx._analyze_events() FROM PUBLIC;
 GRANT USAGE ON SCHEMA obx TO obx_worker;
 /* The relay: claim, record, renew, release, hold, rotate, analyze. */
 GRANT SELECT, INSERT ON obx.claims, obx.records, obx.renewals TO obx_worker;
+GRANT INSERT ON obx.published_counts TO obx_worker;
 GRANT SELECT ON obx.events TO obx_worker;
 GRANT SELECT, INSERT, UPDATE ON obx.event_states TO obx_worker;
 GRANT USAGE ON SEQUENCE obx.lease_seq TO obx_worker;
@@ -519,6 +698,7 @@ COMMENT ON COLUMN obx.events.era IS
 
 /* Not generation 0's row: CREATE EXTENSION makes it, and a restore would collide with it. */
 SELECT pg_catalog.pg_extension_config_dump('obx.generations', 'WHERE generation <> 0');
+SELECT pg_catalog.pg_extension_config_dump('obx.published_counts', '');
 
 /* ---------------------------------------------------------------------
  * Landing: messages for a consumer that runs outside the database

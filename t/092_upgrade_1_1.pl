@@ -8,10 +8,11 @@
 # t/expected, made on PostgreSQL 16 (views' and functions' text differs
 # between majors, so only there): CREATE EXTENSION obx VERSION '1.1' gives
 # the 1.1 release's schema (fcecabf's scripts), and so does 1.0 updated to
-# 1.1; a fresh install is what main's scripts made before 1.2 (138c048),
-# but for the column era, which obx--1.1--1.2.sql adds last to obx.events
-# and obx.claims instead of after xid (and so last in the two views that
-# read them with e.* and c.*).
+# 1.1; a fresh install is what main's scripts make (written there anew
+# whenever they change it, from the catalog of a fresh install on
+# PostgreSQL 16), but for where the column era stands, which
+# obx--1.1--1.2.sql adds last to obx.events and obx.claims instead of after
+# xid (and so last in the views that read them with e.* and c.*).
 #
 # The rows.  A 1.1 database as 1.1's relay left it: published events (a
 # claim and its record), pending ones, one backing off, one quarantined
@@ -125,7 +126,7 @@ SKIP:
 	same_catalog($at_1_1, slurp_file("$expected/obx-schema-1.1-pg$major.txt"),
 		"CREATE EXTENSION obx VERSION '1.1' is the 1.1 release (fcecabf's scripts)");
 	same_catalog(era_anywhere($fresh), era_anywhere(slurp_file("$expected/obx-schema-main-pg$major.txt")),
-		"a fresh install is main's before 1.2 (138c048's scripts), but for era's place");
+		"a fresh install is t/expected's, but for era's place");
 }
 
 # --- the rows --------------------------------------------------------------

@@ -117,13 +117,9 @@ obx_outbox_purge(void)
 	MemoryContext caller;
 	int64 purged = 0;
 
-	if (obx_retention_s == 0 && obx_processed_retention_s == 0 &&
-		obx_dead_letter_retention_s == 0)
-		return 0;
-
 	caller = obx_step_begin("obx: purging old rows");
-	if (obx_retention_s > 0)
-		purged += rotate_outbox();
+	/* At every retention: the rotation also sums the counts of published events. */
+	purged += rotate_outbox();
 	if (obx_processed_retention_s > 0)
 		purged += purge_older_than(OBX_SQL_PURGE_DEDUPE, obx_processed_retention_s, "dedupe");
 	if (obx_dead_letter_retention_s > 0)

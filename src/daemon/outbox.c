@@ -183,9 +183,10 @@ record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
 	Buf parts = {0};
 	Buf offsets = {0};
 	Buf acked = {0};
-	const char *params[7];
-	int lengths[7];
-	int formats[7] = {1, 1, 1, 1, 0, 0, 0};
+	Buf topics = {0};
+	const char *params[8];
+	int lengths[8];
+	int formats[8] = {1, 1, 1, 1, 0, 0, 0, 1};
 	PGresult *res;
 	bool ok;
 	int i;
@@ -194,6 +195,7 @@ record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
 	obx_array_start(&parts, INT4OID, ndone);
 	obx_array_start(&offsets, INT8OID, ndone);
 	obx_array_start(&acked, TIMESTAMPTZOID, ndone);
+	obx_array_start(&topics, TEXTOID, ndone);
 	for (i = 0; i < ndone; i++)
 	{
 		obx_array_item(&ids, done[i]->uuid, 16);
@@ -201,6 +203,7 @@ record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
 		array_item_be64(&offsets, (uint64_t) done[i]->offset);
 		/* timestamptz: microseconds since 2000-01-01 UTC */
 		array_item_be64(&acked, (uint64_t) (done[i]->acked_us - PG_EPOCH_OFFSET * 1000000));
+		obx_array_item(&topics, done[i]->topic, strlen(done[i]->topic));
 	}
 	params[0] = ids.data;
 	params[1] = parts.data;
@@ -209,11 +212,13 @@ record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
 	params[4] = lease_id;
 	params[5] = max_seq;
 	params[6] = min_seq;
+	params[7] = topics.data;
 	lengths[0] = (int) ids.len;
 	lengths[1] = (int) parts.len;
 	lengths[2] = (int) offsets.len;
 	lengths[3] = (int) acked.len;
 	lengths[4] = lengths[5] = lengths[6] = 0;
+	lengths[7] = (int) topics.len;
 	ok = (res = obx_db_run_binary(db, "obx_record", params, lengths, formats, 0)) != NULL;
 	PQclear(res);
 	if (ok && ndone > 0)
@@ -230,6 +235,7 @@ record_delivered(Database *db, Event **done, int ndone, const char *lease_id,
 	free(parts.data);
 	free(offsets.data);
 	free(acked.data);
+	free(topics.data);
 	return ok;
 }
 
@@ -398,14 +404,12 @@ obx_rotate(Database *db)
 	if (db->conn == NULL || time(NULL) < db->rotate_at || !obx_replica_free(db))
 		return;
 	db->rotate_at = time(NULL) + 10;
-	if (obx_config.retention_s > 0)
+	/* At every retention, 0 included: the rotation also sums the counts of published events. */
+	snprintf(secs, sizeof(secs), "%d", obx_config.retention_s);
+	if ((res = obx_db_run(db, "obx_rotate", params, 0)) != NULL)
 	{
-		snprintf(secs, sizeof(secs), "%d", obx_config.retention_s);
-		if ((res = obx_db_run(db, "obx_rotate", params, 0)) != NULL)
-		{
-			again |= PQresultStatus(res) == PGRES_TUPLES_OK && !PQgetisnull(res, 0, 0);
-			PQclear(res);
-		}
+		again |= PQresultStatus(res) == PGRES_TUPLES_OK && !PQgetisnull(res, 0, 0);
+		PQclear(res);
 	}
 	if (obx_config.processed_retention_s > 0)
 		again |= purge(db, "obx_purge_dedupe", obx_config.processed_retention_s, &unreplayed) >=

@@ -276,10 +276,19 @@
  * a fact, whoever reports it (a stale worker's late report included).  An
  * empty record releases the batch.  $6 and $7 are the claim's highest and
  * lowest seq, by which obx.outbox_events finds the records of an event.
+ * $8 is each delivered event's topic: the same statement counts them per
+ * topic into obx.published_counts, which obx.status reads instead of the
+ * records.
  */
-#define OBX_SQL_RECORD                                                                             \
-	"INSERT INTO obx.records (lease_id, max_seq, min_seq, ids, partitions, offsets, published_at)" \
-	" VALUES ($5, $6, $7, $1, $2, $3, $4)"
+#define OBX_SQL_RECORD                                                                              \
+	"WITH r AS (INSERT INTO obx.records"                                                            \
+	"             (lease_id, max_seq, min_seq, ids, partitions, offsets, published_at)"            \
+	"           VALUES ($5, $6, $7, $1, $2, $3, $4))"                                               \
+	" INSERT INTO obx.published_counts (generation, topic, published, last_published_at)"           \
+	" SELECT $5 >> 40, d.topic, pg_catalog.count(*), pg_catalog.max(d.t)"                           \
+	"   FROM ROWS FROM (pg_catalog.unnest($8::pg_catalog.text[]),"                                  \
+	"                   pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS d(topic, t)"            \
+	"  GROUP BY d.topic"
 
 /*
  * Delivered events that have a state (failed, quarantined or replayed

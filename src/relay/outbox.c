@@ -76,8 +76,8 @@ uuid_array(ObxEvent **events, int n)
 static void
 record_prepare_plans(void)
 {
-	Oid record_types[7] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
-						   TIMESTAMPTZARRAYOID, INT8OID, INT8OID, INT8OID};
+	Oid record_types[8] = {UUIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
+						   TIMESTAMPTZARRAYOID, INT8OID, INT8OID, INT8OID, TEXTARRAYOID};
 	Oid held_types[2] = {UUIDARRAYOID, TIMESTAMPTZARRAYOID};
 	Oid hold_types[1] = {UUIDARRAYOID};
 	Oid failed_types[7] = {UUIDARRAYOID, INT4OID, FLOAT8OID, FLOAT8OID,
@@ -87,7 +87,7 @@ record_prepare_plans(void)
 
 	if (renew_plan != NULL)
 		return;
-	record_plan = obx_prepare_kept_generic(OBX_SQL_RECORD, 7, record_types);
+	record_plan = obx_prepare_kept_generic(OBX_SQL_RECORD, 8, record_types);
 	held_published_plan = obx_prepare_kept(OBX_SQL_HELD_PUBLISHED, 2, held_types);
 	hold_plan = obx_prepare_kept(OBX_SQL_HOLD, 1, hold_types);
 	failed_plan = obx_prepare_kept(OBX_SQL_FAILED, 7, failed_types);
@@ -147,7 +147,8 @@ record_delivered(ObxBatch *batch, ObxEvent **events, int n,
 	Datum *parts = palloc(sizeof(Datum) * Max(n, 1));
 	Datum *offsets = palloc(sizeof(Datum) * Max(n, 1));
 	Datum *acked = palloc(sizeof(Datum) * Max(n, 1));
-	Datum args[7];
+	Datum *topics = palloc(sizeof(Datum) * Max(n, 1));
+	Datum args[8];
 	int i;
 	int rc;
 
@@ -156,6 +157,7 @@ record_delivered(ObxBatch *batch, ObxEvent **events, int n,
 		parts[i] = Int32GetDatum(events[i]->partition);
 		offsets[i] = Int64GetDatum(events[i]->offset);
 		acked[i] = TimestampTzGetDatum(events[i]->acked_at);
+		topics[i] = CStringGetTextDatum(events[i]->topic);
 		latencies[i].topic = MemoryContextStrdup(keep, events[i]->topic);
 		latencies[i].latency_us = events[i]->acked_at - events[i]->occurred_at;
 		elog(DEBUG2, "obx event %s published to topic %s partition %d offset " INT64_FORMAT,
@@ -171,6 +173,7 @@ record_delivered(ObxBatch *batch, ObxEvent **events, int n,
 	args[4] = Int64GetDatum(batch->lease_id);
 	args[5] = Int64GetDatum(batch->max_seq);
 	args[6] = Int64GetDatum(batch->min_seq);
+	args[7] = PointerGetDatum(construct_array(topics, n, TEXTOID, -1, false, TYPALIGN_INT));
 	rc = SPI_execute_plan(record_plan, args, NULL, false, 0);
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "obx could not record a batch: %s", SPI_result_code_string(rc));

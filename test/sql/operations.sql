@@ -16,18 +16,27 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.events, obx.claims, obx.records, obx.event_states, obx.processed_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.published_counts, obx.event_states,
+	obx.processed_events;
 -- The status views' copies of the claim's sets, checked against the claim's
 -- functions at two points below.
 \set check_sets 'SELECT (SELECT count(*) FROM ( (SELECT id FROM obx._unpublished_events EXCEPT SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u) UNION ALL (SELECT u.id FROM obx._tick() t, obx._unpublished(t.floor, t.snap, t.tick) u EXCEPT SELECT id FROM obx._unpublished_events)) d) AS unpublished_differ, (SELECT count(*) FROM obx._unpublished_events) AS unpublished, (SELECT count(*) FROM ( (SELECT lease_id FROM obx._live_claims EXCEPT SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l) UNION ALL (SELECT l.lease_id FROM obx._tick() t, obx._live_leases(t.floor, t.tick) l EXCEPT SELECT lease_id FROM obx._live_claims)) d) AS leases_differ, (SELECT count(*) FROM obx._live_claims) AS live_leases;'
 
--- A record of these events at partition p, offsets from the first.
+-- obx.outbox_events' state agrees with obx.status, topic by topic: no row
+-- when they agree.
+\set check_state 'SELECT coalesce(s.topic, o.topic) AS topic, s.pending + s.leased + s.quarantined AS status_unpublished, o.unpublished AS outbox_unpublished, s.leased AS status_leased, o.leased AS outbox_leased, s.quarantined AS status_quarantined, o.quarantined AS outbox_quarantined FROM obx.status s FULL JOIN (SELECT topic, count(*) FILTER (WHERE state <> ''published'') AS unpublished, count(*) FILTER (WHERE state = ''leased'') AS leased, count(*) FILTER (WHERE state = ''quarantined'') AS quarantined FROM obx.outbox_events WHERE state <> ''published'' GROUP BY topic) o ON o.topic = s.topic WHERE (s.pending + s.leased + s.quarantined, s.leased, s.quarantined) IS DISTINCT FROM (coalesce(o.unpublished, 0), coalesce(o.leased, 0), coalesce(o.quarantined, 0));'
+
+-- A record of these events at partition p, offsets from the first, and
+-- their count per topic, as the record step writes them.
 CREATE FUNCTION pg_temp.publish(ids uuid[], p integer, offsets bigint[])
 RETURNS void LANGUAGE sql AS $$
 	INSERT INTO obx.records (lease_id, max_seq, ids, partitions, offsets, published_at)
 	SELECT nextval('obx.lease_seq'), (SELECT max(seq) FROM obx.events WHERE id = ANY (ids)),
 		   ids, array_fill(p, ARRAY[cardinality(ids)]), offsets,
-		   array_fill(now(), ARRAY[cardinality(ids)])
+		   array_fill(now(), ARRAY[cardinality(ids)]);
+	INSERT INTO obx.published_counts (generation, topic, published, last_published_at)
+	SELECT currval('obx.lease_seq') >> 40, e.topic, count(*), now()
+	  FROM obx.events e WHERE e.id = ANY (ids) GROUP BY e.topic;
 $$;
 -- A failed attempt: the event held in obx.event_states with this state.
 CREATE FUNCTION pg_temp.fail(id uuid, attempts integer, cls text, err text,
@@ -93,6 +102,7 @@ SELECT topic, pending, leased, published, quarantined, failing,
        last_published_at IS NOT NULL AS has_published, last_error,
        last_error_at IS NOT NULL AS has_error_at
   FROM obx.status ORDER BY topic COLLATE "C";
+:check_state
 
 -- A topic with nothing unpublished has age 0, not NULL (alerting on
 -- "age > x" must not miss it).
@@ -143,6 +153,7 @@ SELECT obx.retry('00000000-0000-4000-8000-000000000101') AS pending,
 
 SELECT topic, pending, leased, published, quarantined, failing
   FROM obx.status ORDER BY topic COLLATE "C";
+:check_state
 
 --
 -- obx.retry_quarantined(topic): every quarantined event of a topic, or of
@@ -198,6 +209,7 @@ SELECT count(*) FILTER (WHERE published_at IS NULL) AS unpublished, count(*) AS 
 
 SELECT topic, pending, leased, published, quarantined, failing
   FROM obx.status ORDER BY topic COLLATE "C";
+:check_state
 
 --
 -- obx.skip: a quarantined event leaves the outbox for obx.skipped_events,

@@ -13,7 +13,8 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS obx;
 RESET client_min_messages;
-TRUNCATE obx.events, obx.claims, obx.records, obx.event_states, obx.processed_events;
+TRUNCATE obx.events, obx.claims, obx.records, obx.published_counts, obx.event_states,
+	obx.processed_events;
 
 CREATE ROLE regress_app;
 CREATE ROLE regress_consumer;
