@@ -126,19 +126,12 @@ for my $q (@queries)
 	my ($first) = $q =~ /(\S.*)/;
 	is($err, '', "the documented exporter role runs: $first");
 }
-# Checks by hand: the status queries, and the backlog function in a schema
-# monitoring that the exporter may use.
+# Checks by hand: the status queries, as the exporter's role.
 my ($by_hand) = $monitoring =~ /^## Checks by hand\n(.*?)^## /ms;
 my @blocks = ($by_hand // '') =~ /^```sql\n(.*?)^```/msg;
-is(scalar(@blocks), 2, 'monitoring.md checks by hand in two SQL blocks');
+is(scalar(@blocks), 1, 'monitoring.md checks by hand in one SQL block');
 my ($ret, $out, $err) = $node->psql('postgres', "SET ROLE $exporter;\n" . ($blocks[0] // ''));
 is($err, '', "the exporter's role runs the checks by hand");
-$node->safe_psql('postgres', "CREATE SCHEMA monitoring; GRANT USAGE ON SCHEMA monitoring TO $exporter;");
-($ret, $out, $err) = $node->psql('postgres', $blocks[1] // '');
-is($err, '', 'the backlog function of the checks by hand is created and granted');
-($ret, $out, $err) = $node->psql('postgres',
-	"SET ROLE $exporter; SELECT * FROM monitoring.obx_backlog();");
-is($err, '', "the exporter's role reads the backlog function");
 
 # One queries file, the one t/030 serves, copied to one place the
 # exporter is pointed at.
