@@ -3,7 +3,7 @@
 #   - every obx.* setting the server defines has a row in the summary of
 #     docs/configuration.md with its default and context, and a section;
 #   - every function and view of schema obx a user may call (not obx._*)
-#     is named in docs/sql.md;
+#     is named in docs/sql.md, and every obx.<name> the docs name exists;
 #   - the exporter's role: docs/monitoring.md names one role throughout,
 #     which, created as it says (security.md's reader of status under that
 #     name), runs every query of monitoring/obx-queries.yaml and the checks
@@ -107,13 +107,37 @@ for my $object (split /\n/, $node->safe_psql('postgres', q{
 	like($sql_doc, qr/\bobx\.\Q$object\E\b/, "sql.md names obx.$object");
 }
 
+# And the other way: every obx.<name> the README, CHANGELOG.md and docs/*.md
+# name is an object of schema obx (function, table, view, sequence, index,
+# type) or a setting, but for the few files and Laravel keys of that shape.
+my %not_objects = map { $_ => 1 } qw(obx.c obx.h obx.so obx.control obx.php obx.connection);
+my %named;
+for my $file ('README.md', 'CHANGELOG.md', map { "docs/$_" } grep { /\.md$/ }
+	do { opendir(my $d, "$root/docs") or die; readdir $d })
+{
+	my $text = slurp($file);
+	$named{$1} //= $file while $text =~ /\b(obx\._?[A-Za-z]\w*)/g;
+}
+my @names = grep { !$not_objects{$_} } sort keys %named;
+my %known = map { $_ => 1 } split /\n/, $node->safe_psql('postgres', q{
+	SELECT 'obx.' || n.name
+	  FROM (SELECT proname FROM pg_proc WHERE pronamespace = 'obx'::regnamespace
+			UNION SELECT relname FROM pg_class WHERE relnamespace = 'obx'::regnamespace
+			UNION SELECT typname FROM pg_type WHERE typnamespace = 'obx'::regnamespace) AS n(name)});
+my @unknown = grep {
+	!$known{$_} && $node->safe_psql('postgres', "SELECT current_setting('$_', true) IS NULL") eq 't'
+} @names;
+cmp_ok(scalar(@names), '>', 80, 'the docs name obx\'s objects and settings (' . scalar(@names) . ')');
+is(join(', ', map { "$_ ($named{$_})" } @unknown), '',
+	'every obx.<name> the docs name is an object of schema obx or a setting');
+
 # --- the exporter's role and queries file (monitoring.md) ----------------
 my $monitoring = slurp('docs/monitoring.md');
 my ($exporter) = $monitoring =~ /Create the exporter's role `(\w+)` as \[security\.md\]/;
 ok($exporter, "monitoring.md says how to create the exporter's role");
 $exporter //= 'obx_exporter';
 my @named = ($monitoring =~ /\buser=(\w+)/g, $monitoring =~ /^GRANT .* TO (\w+);/mg);
-cmp_ok(scalar(@named), '>=', 3, "monitoring.md's connection strings and grants name a role");
+cmp_ok(scalar(@named), '>=', 2, "monitoring.md's connection strings and grants name a role");
 is($_, $exporter, "monitoring.md names the exporter's role $exporter") for @named;
 # The SQL of security.md's reader of status, under the exporter's name
 # (ObxMetrics' grant_monitoring, which t/030 and t/031 use too).
