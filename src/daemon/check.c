@@ -31,6 +31,7 @@ static const char *const grant_checks[][2] = {
 	{"SELECT, INSERT on obx.claims", "has_table_privilege('obx.claims', 'SELECT, INSERT')"},
 	{"SELECT, INSERT on obx.records", "has_table_privilege('obx.records', 'SELECT, INSERT')"},
 	{"SELECT, INSERT on obx.renewals", "has_table_privilege('obx.renewals', 'SELECT, INSERT')"},
+	{"INSERT on obx.published_counts", "has_table_privilege('obx.published_counts', 'INSERT')"},
 	{"SELECT on obx.events", "has_table_privilege('obx.events', 'SELECT')"},
 	{"SELECT, INSERT, UPDATE on obx.event_states", "has_table_privilege('obx.event_states', 'SELECT, INSERT, UPDATE')"},
 	{"USAGE on obx.lease_seq", "has_sequence_privilege('obx.lease_seq', 'USAGE')"},
