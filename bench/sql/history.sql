@@ -7,9 +7,13 @@
  * bench.fill_history: n more events of published history (n a multiple of
  * 1,000), laid out as the relay leaves them, chunk events per transaction:
  *   - obx.events: seq from obx.event_seq (taken with setval, so that later
- *     enqueues continue above), in the current generation; xid the chunk's
- *     own transaction's (past for every snapshot taken after it; one xid
- *     per chunk, where production has one per enqueuing transaction); the
+ *     enqueues continue above), in the current generation; xid a past
+ *     transaction's of its own (the fill first commits one empty
+ *     transaction per event of the chunk, synchronous_commit off, and
+ *     gives their ids to the events in seq order: every one below the
+ *     snapshots taken after the fill, and as many distinct values as
+ *     production's one event per transaction has, which the planner's
+ *     estimates on the xid index depend on); the
  *     era of this install; 10,000 keys (aggregate_id = event_key), topics
  *     bench.history.0 to .3 in turn; occurred_at spread evenly over the 3
  *     days before the last 10 minutes; ids UUIDv7 of occurred_at, as
@@ -44,6 +48,7 @@ DECLARE
 	s0 bigint;
 	l0 bigint;
 	x bigint;
+	j bigint;
 BEGIN
 	IF n <= 0 THEN
 		RETURN;
@@ -54,6 +59,7 @@ BEGIN
 	step := span / n;
 	/* The batches of a chunk are aggregated in memory. */
 	PERFORM set_config('work_mem', '512MB', false);
+	PERFORM set_config('synchronous_commit', 'off', false);
 	CREATE TEMP TABLE IF NOT EXISTS fill_batches (
 		lease_id bigint, min_seq bigint, max_seq bigint, ids uuid[], topics text[],
 		keys text[], partitions integer[], offsets bigint[], last_at timestamptz);
@@ -63,7 +69,13 @@ BEGIN
 		PERFORM setval('obx.event_seq', s0 + c - 1);
 		l0 := nextval('obx.lease_seq');
 		PERFORM setval('obx.lease_seq', l0 + c / per_batch - 1);
+		/* The events' transactions: c past xids from x + 1 on. */
 		x := pg_current_xact_id()::text::bigint;
+		COMMIT;
+		FOR j IN 1..c LOOP
+			PERFORM pg_current_xact_id();
+			COMMIT;
+		END LOOP;
 
 		/*
 		 * Expressions, not functions (a SQL function that is not inlined
@@ -77,7 +89,7 @@ BEGIN
 								  PLACING substr(int8send(((extract(epoch FROM t) * 1000)::bigint << 16)
 														  | (7 << 12)), 1, 7)
 								  FROM 1), 'hex')::uuid,
-				   s0 + i, x, key, 'bench.history.' || ((s0 + i) % 4), key,
+				   s0 + i, x + 1 + i, key, 'bench.history.' || ((s0 + i) % 4), key,
 				   ('{"note": "xxxxxxxxxxxxxx", "lines": 3, "channel": "web-checkout", "orderId": "ord_' ||
 					lpad((s0 + i)::text, 9, '0') || '", "currency": "USD", "eventType": "OrderPlaced", ' ||
 					'"customerId": "' || key || '", "totalMinor": ' || ((s0 + i) * 7919) % 100000 ||
