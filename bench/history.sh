@@ -27,7 +27,11 @@
 #     monitoring/obx-queries.yaml (read from the file, python3-yaml), the
 #     unpublished events of one topic counted through obx.outbox_events
 #     (by state, and by published_at IS NULL, which reads the history),
-#     and one filled event looked up there by id.  Each is timed on the
+#     and one filled event looked up there by id.  With jit as
+#     HISTORY_JIT says (default on, the server's default; off as
+#     docs/security.md's reader of status has it: compiling these plans,
+#     whose estimates grow with the history, costs more than running
+#     them);  Each is timed on the
 #     server (bench.time_read: planning and execution, every row and
 #     column, between two clock_timestamp()), 5 times in one session; the
 #     median is printed.  statement_timeout HISTORY_TIMEOUT (default 60 s)
@@ -207,6 +211,7 @@ history_read()
 	local q=$1 i out timeout=${HISTORY_TIMEOUT:-60}
 	out=$({
 		echo "SET statement_timeout = '${timeout}s';"
+		echo "SET jit = ${HISTORY_JIT:-on};"
 		for i in 1 2 3 4 5; do
 			echo "SELECT bench.time_read(\$read\$$q\$read\$);"
 		done
@@ -335,9 +340,9 @@ history_report()
 	for kind in views exporter; do
 		echo
 		if [ "$kind" = views ]; then
-			echo "Reads, ms (server-side, median of 5): the views read whole, and obx.outbox_events (pending_topic: the unpublished events of bench.history.1 counted by state, pending_topic_published_at: the same by published_at IS NULL, which reads the history; by_id: one filled event)"
+			echo "Reads with jit = ${HISTORY_JIT:-on}, ms (server-side, median of 5): the views read whole, and obx.outbox_events (pending_topic: the unpublished events of bench.history.1 counted by state, pending_topic_published_at: the same by published_at IS NULL, which reads the history; by_id: one filled event)"
 		else
-			echo "Reads, ms (server-side, median of 5): the queries of monitoring/obx-queries.yaml"
+			echo "Reads with jit = ${HISTORY_JIT:-on}, ms (server-side, median of 5): the queries of monitoring/obx-queries.yaml"
 		fi
 		{
 			hdr="filled events"
