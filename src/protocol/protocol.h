@@ -280,14 +280,14 @@
  * topic into obx.published_counts, which obx.status reads instead of the
  * records.
  */
-#define OBX_SQL_RECORD                                                                              \
-	"WITH r AS (INSERT INTO obx.records"                                                            \
-	"             (lease_id, max_seq, min_seq, ids, partitions, offsets, published_at)"            \
-	"           VALUES ($5, $6, $7, $1, $2, $3, $4))"                                               \
-	" INSERT INTO obx.published_counts (generation, topic, published, last_published_at)"           \
-	" SELECT $5 >> 40, d.topic, pg_catalog.count(*), pg_catalog.max(d.t)"                           \
-	"   FROM ROWS FROM (pg_catalog.unnest($8::pg_catalog.text[]),"                                  \
-	"                   pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS d(topic, t)"            \
+#define OBX_SQL_RECORD                                                                    \
+	"WITH r AS (INSERT INTO obx.records"                                                  \
+	"             (lease_id, max_seq, min_seq, ids, partitions, offsets, published_at)"   \
+	"           VALUES ($5, $6, $7, $1, $2, $3, $4))"                                     \
+	" INSERT INTO obx.published_counts (generation, topic, published, last_published_at)" \
+	" SELECT $5 >> 40, d.topic, pg_catalog.count(*), pg_catalog.max(d.t)"                 \
+	"   FROM ROWS FROM (pg_catalog.unnest($8::pg_catalog.text[]),"                        \
+	"                   pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS d(topic, t)"  \
 	"  GROUP BY d.topic"
 
 /*
