@@ -460,7 +460,9 @@ $$;
  * NULL.  A record is an index lookup of the records whose claims spanned
  * the event's seq, and a search of their ids: partition and offset from
  * the first record since the event's latest replay (a stale worker's late
- * report of a second copy does not move them).  Skipped events are in
+ * report of a second copy does not move them).  They are sorted by an
+ * expression of recorded_at, not by its index: read in that index's order
+ * and filtered, every event read the records until its own.  Skipped events are in
  * obx.skipped_events instead.  1.0's obx.replay(topic, since, until)
  * reads it as it read the table, unchanged.
  */
@@ -486,7 +488,7 @@ SELECT e.id, e.seq, e.aggregate_id, e.topic, e.event_key, e.event_type,
 	  FROM obx.records x, array_position(x.ids, e.id) AS i
 	 WHERE x.seqs @> e.seq::numeric
 	   AND i IS NOT NULL
-	 ORDER BY x.recorded_at
+	 ORDER BY x.recorded_at + interval '0'
 	 LIMIT 1) r ON true
  WHERE NOT EXISTS (SELECT 1 FROM obx.event_states s WHERE s.id = e.id)
    AND NOT EXISTS (SELECT 1 FROM obx._unpublished_events u WHERE u.id = e.id)
@@ -510,7 +512,7 @@ SELECT s.id, s.seq, s.aggregate_id, s.topic, s.event_key, s.event_type,
 	 WHERE x.seqs @> s.seq::numeric
 	   AND i IS NOT NULL
 	   AND x.recorded_at >= coalesce(s.replayed_at, '-infinity')
-	 ORDER BY x.recorded_at
+	 ORDER BY x.recorded_at + interval '0'
 	 LIMIT 1) r ON s.published_at IS NOT NULL
  WHERE s.skipped_at IS NULL;
 
