@@ -35,7 +35,8 @@ class DatabaseTest extends TestCase
             (new CreateObxExtension('app'))->up();
             self::$migrated = true;
         }
-        DB::statement('TRUNCATE obx.events, obx.claims, obx.records, obx.event_states, obx.processed_events');
+        DB::statement('TRUNCATE obx.events, obx.claims, obx.records, obx.published_counts, obx.event_states,'
+            . ' obx.processed_events');
     }
 
     public function testEnqueueStoresTheEventInTheOutbox(): void
@@ -309,6 +310,9 @@ class DatabaseTest extends TestCase
                      where id = any(array[?, ?]::uuid[])", [$quarantined, $other]);
         DB::insert("insert into obx.records (lease_id, max_seq, ids, partitions, offsets, published_at)
                     select nextval('obx.lease_seq'), seq, array[id], array[0], array[0::bigint], array[now()]
+                      from obx.events where id = ?::uuid", [$published]);
+        DB::insert("insert into obx.published_counts (generation, topic, published, last_published_at)
+                    select currval('obx.lease_seq') >> 40, topic, 1, now()
                       from obx.events where id = ?::uuid", [$published]);
 
         [$code, $out] = $this->artisan('obx:status');
