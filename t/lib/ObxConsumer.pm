@@ -99,7 +99,10 @@ sub subscribe
 #   payload    the value as a string; undef sends a tombstone (NULL value,
 #              which needs a key); '' sends an empty value
 # Consecutive messages with the same partition and headers go in one kcat
-# run.  Payloads and keys must not contain a newline (kcat splits input
+# run, and a run's messages in one produce request (linger.ms 200: kcat
+# reads its input in far less), so that one fetch brings them all: the
+# stand-in returns one record batch per partition and fetch, and a consumer
+# batch gathers only what has been fetched (t/045).  Payloads and keys must not contain a newline (kcat splits input
 # lines) and keys no tab (the key delimiter).
 sub produce
 {
@@ -126,7 +129,7 @@ sub produce
 	{
 		my $first = $run->{msg}[0];
 		my @cmd = ('kcat', '-P', '-b', $mock->{bootstrap}, '-t', $topic,
-			'-p', $first->{partition}, '-X', 'acks=all');
+			'-p', $first->{partition}, '-X', 'acks=all', '-X', 'linger.ms=200');
 		my @h = @{ $first->{headers} // [] };
 		while (my ($name, $value) = splice(@h, 0, 2))
 		{
