@@ -15,8 +15,9 @@
 # 3. Subtransaction ids: a handler with an exception block that writes
 #    takes one per call.  After a batch that overflowed the backend's
 #    cache of 64, the worker makes its batches small enough to stay under
-#    it: every transaction after the first applies at most 48 messages,
-#    though obx.consumer_batch_size is 500.
+#    it: every transaction after the first one above 48 messages applies
+#    at most 48, though obx.consumer_batch_size is 500.  (A batch holds
+#    what the consumer has fetched, so one before it may be smaller.)
 #
 # Every message is at the broker before its subscription exists, so the
 # first fetch brings many of them into one batch.
@@ -125,9 +126,11 @@ my @sizes = split /\n/, q1(q{
 	SELECT count(*) FROM shop.tx GROUP BY top_xid ORDER BY min(split_part(event_id, '-', 2)::int)});
 note('messages per transaction: ' . join(' ', @sizes));
 cmp_ok(scalar(@sizes), '>=', 2, 'the messages took more than one transaction');
-my @later = @sizes[1 .. $#sizes];
+my ($first_big) = grep { $sizes[$_] > 48 } 0 .. $#sizes;
+$first_big //= -1;
+my @later = @sizes[ $first_big + 1 .. $#sizes ];
 my @big = grep { $_ > 48 } @later;
 is(scalar(@big), 0,
-	'every transaction after the first applied at most 48 messages (none overflowed the cache of 64 subtransaction ids)');
+	'every transaction after the first above 48 messages applied at most 48 (none overflowed the cache of 64 subtransaction ids)');
 
 done_testing();
