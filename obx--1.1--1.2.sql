@@ -267,20 +267,47 @@ SELECT t.floor, t.snap, t.tick FROM (
 	ORDER BY 3 DESC
 	LIMIT 1) t;
 
+/*
+ * The latest tick's floor, lease id and snapshot's xmax, for the planner.
+ * The views below compare their tables with these as well as with the
+ * tick's values read in the query (the same values: one snapshot).  The
+ * planner evaluates a stable function to estimate a condition, as it does
+ * now(), so it sees how few rows lie past the tick; with the tick's values
+ * alone its estimates were a fixed share of the retained history, and past
+ * jit_above_cost (a few million events) each read was compiled, which took
+ * far longer than running it.  PL/pgSQL, whose plan a session keeps: each
+ * is called some twenty times per read of obx.status, as planned and as
+ * run.  Numbers only: a view's reader calls them, so they run as their
+ * owner, and PUBLIC may execute them.
+ */
+CREATE FUNCTION obx._tick_floor() RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN (SELECT t.floor FROM obx._latest_tick t); END $$;
+
+CREATE FUNCTION obx._tick_lease() RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN (SELECT t.tick FROM obx._latest_tick t); END $$;
+
+CREATE FUNCTION obx._tick_xmax() RETURNS bigint
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN (SELECT pg_snapshot_xmax(t.snap)::text::bigint FROM obx._latest_tick t); END $$;
+
 CREATE OR REPLACE VIEW obx._unpublished_events AS
 WITH t AS MATERIALIZED (SELECT * FROM obx._latest_tick),
 	 published AS MATERIALIZED (
 		SELECT u.id
 		  FROM t, LATERAL (
 			SELECT r.ids FROM obx.records r
-			 WHERE (r.max_seq >= t.floor AND r.max_seq <= 9223372036854775807)
-				OR (r.lease_id > t.tick AND r.lease_id <= 9223372036854775807)
+			 WHERE (r.max_seq >= t.floor AND r.max_seq >= obx._tick_floor()
+					AND r.max_seq <= 9223372036854775807)
+				OR (r.lease_id > t.tick AND r.lease_id > obx._tick_lease()
+					AND r.lease_id <= 9223372036854775807)
 			OFFSET 0) r, unnest(r.ids) AS u(id)),
 	 held AS MATERIALIZED (SELECT s.id FROM obx.event_states s)
 SELECT e.*
   FROM t, LATERAL (
 	SELECT e.* FROM obx.events e
-	 WHERE e.seq >= t.floor AND e.seq <= 9223372036854775807
+	 WHERE e.seq >= t.floor AND e.seq >= obx._tick_floor() AND e.seq <= 9223372036854775807
 	OFFSET 0) e
  WHERE e.id NOT IN (SELECT id FROM published)
    AND e.id NOT IN (SELECT id FROM held)
@@ -289,7 +316,7 @@ SELECT c.*
   FROM t, LATERAL (
 	SELECT e.*
 	  FROM obx.events e
-	 WHERE ((e.xid >= pg_snapshot_xmax(t.snap)::text::bigint
+	 WHERE ((e.xid >= pg_snapshot_xmax(t.snap)::text::bigint AND e.xid >= obx._tick_xmax()
 			 AND e.xid < pg_snapshot_xmax(pg_current_snapshot())::text::bigint)
 			OR e.xid = ANY (ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(t.snap) x)))
 	   AND e.era = obx._era()
@@ -302,8 +329,10 @@ CREATE OR REPLACE VIEW obx._live_claims AS
 SELECT c.*
   FROM obx._latest_tick t, LATERAL (
 	SELECT c.* FROM obx.claims c
-	 WHERE ((c.max_seq >= t.floor AND c.max_seq <= 9223372036854775807)
-			OR (c.lease_id > t.tick AND c.lease_id <= 9223372036854775807))
+	 WHERE ((c.max_seq >= t.floor AND c.max_seq >= obx._tick_floor()
+			 AND c.max_seq <= 9223372036854775807)
+			OR (c.lease_id > t.tick AND c.lease_id > obx._tick_lease()
+				AND c.lease_id <= 9223372036854775807))
 	   AND c.ids IS NOT NULL
 	OFFSET 0) c
  WHERE NOT EXISTS (SELECT 1 FROM obx.records r WHERE r.lease_id = c.lease_id)
@@ -631,6 +660,8 @@ REVOKE ALL ON obx.generations, obx.events, obx.claims, obx.renewals, obx.records
 	obx._unpublished_events, obx._live_claims FROM PUBLIC;
 /* The era is no secret, and the status views, read as their reader, use it. */
 GRANT EXECUTE ON FUNCTION obx._era() TO PUBLIC;
+/* Numbers for the planner's estimates (above): the views' readers call them. */
+GRANT EXECUTE ON FUNCTION obx._tick_floor(), obx._tick_lease(), obx._tick_xmax() TO PUBLIC;
 REVOKE ALL ON FUNCTION obx._published_ids(bigint, bigint),
 	obx._unpublished(bigint, pg_snapshot, bigint), obx._unpublished_from(bigint, bigint),
 	obx._unpublished_late(bigint, pg_snapshot, bigint), obx._tick(),

@@ -28,12 +28,11 @@
 #     unpublished events of one topic counted through obx.outbox_events
 #     (by state, and by published_at IS NULL, which reads the history),
 #     and one filled event looked up there by id.  With jit as
-#     HISTORY_JIT says (default on, the server's default; off as
-#     docs/security.md's reader of status has it: compiling these plans,
-#     whose estimates grow with the history, costs more than running
-#     them);  Each is timed on the
-#     server (bench.time_read: planning and execution, every row and
-#     column, between two clock_timestamp()), 5 times in one session; the
+#     HISTORY_JIT says (default on, the server's default: a plan whose
+#     estimates grew with the history would be compiled on every read).
+#     Each is timed on the server (bench.time_read: planning and
+#     execution, every row and column, between two clock_timestamp()),
+#     5 times in one session; the
 #     median is printed.  statement_timeout HISTORY_TIMEOUT (default 60 s)
 #     per run: a read that hits it prints ">60000" and is not run again;
 #     one that fails prints "error";
