@@ -88,16 +88,8 @@ bench_horizon()
 
 		local res n p50 p99 pmax
 		res=$(sql -tA -F' ' -c "
-			WITH pub AS (
-				SELECT x.id, min(x.t) AS published_at
-				  FROM obx.records r, unnest(r.ids, r.published_at) AS x(id, t)
-				 WHERE r.max_seq > $seq0 GROUP BY x.id),
-			l AS (
-				SELECT coalesce(extract(epoch FROM pub.published_at
-						 - pg_xact_commit_timestamp((((e.payload->>'xid')::bigint % 4294967296)::text)::xid))
-						 * 1000, 'Infinity') AS ms
-				  FROM obx.events e LEFT JOIN pub USING (id)
-				 WHERE e.topic = '$topic' AND e.seq > $seq0)
+			WITH $(latency_ctes "$seq0" "$topic"),
+			l AS (SELECT $commit_to_published AS ms FROM ev)
 			SELECT count(*), round(percentile_disc(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
 				   round(percentile_disc(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1),
 				   round(max(ms)::numeric, 1)

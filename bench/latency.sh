@@ -126,19 +126,12 @@ bench_latency()
 		res=$(sql -tA -F' ' -P null=- -c "CREATE TEMP TABLE k (ts_ms bigint, headers text)" \
 			-c "\\copy k FROM '$work/kafka_$rate.tsv'" \
 			-c "
-			WITH pub AS (
-				SELECT x.id, min(x.t) AS published_at
-				  FROM obx.records r, unnest(r.ids, r.published_at) AS x(id, t)
-				 WHERE r.max_seq > $seq0 GROUP BY x.id),
-			ev AS (
-				SELECT e.id, pub.published_at,
-					   pg_xact_commit_timestamp((((e.payload->>'xid')::bigint % 4294967296)::text)::xid) AS committed
-				  FROM obx.events e LEFT JOIN pub USING (id) WHERE e.topic = '$topic' AND e.seq > $seq0),
+			WITH $(latency_ctes "$seq0" "$topic"),
 			kk AS (
 				SELECT substring(headers FROM 'event_id=([0-9a-f-]{36})')::uuid AS id, min(ts_ms) AS ts_ms
 				  FROM k GROUP BY 1),
 			l AS (
-				SELECT coalesce(extract(epoch FROM ev.published_at - ev.committed)::float8 * 1000, 'Infinity') AS up,
+				SELECT $commit_to_published AS up,
 					   kk.ts_ms - extract(epoch FROM ev.committed) * 1000 AS low
 				  FROM ev LEFT JOIN kk USING (id))
 			SELECT count(*), count(low),

@@ -400,6 +400,29 @@ statements_print()
 # The last event sequence number handed out (0 before the first).
 last_seq_sql="SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM obx.event_seq"
 
+# latency_ctes SEQ0 TOPIC: two CTEs for the latency of the events a
+# pgbench script enqueued (its payload carries its transaction's xid):
+# "pub", each event's first publish since SEQ0 (from the records), and
+# "ev", each event of TOPIC after SEQ0 with published_at (NULL: not
+# published) and committed (its commit time, track_commit_timestamp).
+latency_ctes()
+{
+	cat <<-EOF
+		pub AS (
+			SELECT x.id, min(x.t) AS published_at
+			  FROM obx.records r, unnest(r.ids, r.published_at) AS x(id, t)
+			 WHERE r.max_seq > $1 GROUP BY x.id),
+		ev AS (
+			SELECT e.id, pub.published_at,
+				   pg_xact_commit_timestamp((((e.payload->>'xid')::bigint % 4294967296)::text)::xid) AS committed
+			  FROM obx.events e LEFT JOIN pub USING (id) WHERE e.topic = '$2' AND e.seq > $1)
+	EOF
+}
+
+# commit_to_published: the SQL expression of an "ev" row's commit ->
+# published_at in ms, Infinity for an event not published.
+commit_to_published="coalesce(extract(epoch FROM ev.published_at - ev.committed)::float8 * 1000, 'Infinity')"
+
 # Load average, printed before each benchmark: these machines are shared.
 machine_load()
 {
