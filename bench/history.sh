@@ -18,7 +18,8 @@
 # pending and leased: lib.sh's pending_sql) and the count of obx.events.
 #
 # At each size, with the relay running (obx's defaults, and
-# track_commit_timestamp on in every phase but the fill's):
+# track_commit_timestamp on in every phase but the fill's), the drain and
+# the latency run below, then:
 #   - reads, once no record is of the last minute (what
 #     obx.publish_latency_summary reads is then the same at every size):
 #     each view read whole (obx.status, obx.publish_latency_summary,
@@ -86,15 +87,16 @@ bench_history()
 		t=$SECONDS
 		history_fill "$size"
 		history_storage "$size" "$prev"
-		pg_phase "track_commit_timestamp = on"
-		# The same reads at every size: no record in the last minute's
-		# window of obx.publish_latency_summary (the size before's latency
-		# run may have ended less than a minute ago).
+		history_drain "$size"
+		history_latency "$size"
+		# The reads after the relay's work, at every size 0's included:
+		# read before it, size 0 had no claim and no record at all, which
+		# no outbox in use has.  And the same reads at every size: no
+		# record in the last minute's window of
+		# obx.publish_latency_summary.
 		wait_for 120 "the last minute to hold no record" \
 			nothing_recorded_lately
 		history_read_all "$size"
-		history_drain "$size"
-		history_latency "$size"
 		echo "size $size: done in $((SECONDS - t)) s (fill ${hist[$size,fill_s]} s, vacuum/analyze/checkpoint ${hist[$size,vacuum_s]} s, reads ${hist[$size,reads_s]} s, drain and latency ${hist[$size,relay_s]} s)"
 		prev=$size
 	done
