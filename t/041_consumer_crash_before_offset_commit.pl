@@ -118,7 +118,10 @@ my @all = (@$before, $inflight, @$after);
 is_deeply(effects_per_event($node), { map { $_ => 1 } @all },
 	'every effect is applied exactly once: before, during and after the crash');
 my $t = consumer_totals($node, $consumer, $topic);
-is($t->{duplicates} - $t0->{duplicates}, 16,
+# At least 16: with offsets committed hourly, a rebalance after the
+# restart (the dead member leaving the group) can deliver a message
+# handled since then once more, a duplicate too.
+cmp_ok($t->{duplicates} - $t0->{duplicates}, '>=', 16,
 	'all 16 events handled before the crash were delivered again (no offset had been committed) and recognized as duplicates');
 is($t->{processed}, scalar(@all),
 	'processed counts each event once: the redelivered ones are not processed again');
