@@ -98,31 +98,51 @@ sub claims_apart
 		"SELECT extract(epoch FROM max(claimed_at) - min(claimed_at)), string_agg(DISTINCT owner::text, ',') FROM obx.leases");
 }
 
+# turns_apart($label, $pause): claims_apart with the brokers down, up to
+# three times until the second claim comes at the next turn (0.45 to 0.9
+# s after the first); then the brokers are up again and every event is
+# published.  A worker that missed its turn because the busy machine did
+# not run it for half a second leaves a whole gap once; workers that kept
+# no turns leave it every time.  $pause runs before each try (it may stop
+# a worker), and resume after it.  Returns the seconds and the owners of
+# the last try.
+sub turns_apart
+{
+	my ($label, $pause, $resume) = @_;
+	my ($apart, $owners);
+	for my $try (1 .. 3)
+	{
+		mock_cmd($mock, 'down all');
+		$pause->() if $pause;
+		($apart, $owners) = claims_apart("${label}_${try}a", "${label}_${try}b");
+		$resume->() if $resume;
+		mock_cmd($mock, 'up all');
+		all_published($node) or die "the events of try $try ($label) were not published";
+		last if $apart >= 0.45 && $apart < 0.9;
+		note("try $try ($label): the second event was claimed $apart s after the first");
+	}
+	return ($apart, $owners);
+}
+
 $node->append_conf('postgresql.conf', "obx.workers = 2\nobx.batch_size = 2000\n");
 $node->restart;
 relay_ready($node, 2);
-mock_cmd($mock, 'down all');
-my ($turn) = claims_apart('turn_1', 'turn_2');
+my ($turn) = turns_apart('turn');
 ok($turn >= 0.45 && $turn < 0.9,
 	"the second event was claimed ${turn} s after the first, at the next turn (0.5 s), not a whole gap later");
-mock_cmd($mock, 'up all');
-all_published($node) or die 'the events of the two turns were not published';
 
 # Whichever worker is free takes the turn: with worker 0 stopped
 # (SIGSTOP, as if it had no CPU), worker 1 claims at every turn, so again
 # the second event is claimed half the gap after the first.  Workers that
 # each kept a gap of their own and alternated left it a whole gap.
 my $stopped = $node->safe_psql('postgres', 'SELECT pid FROM obx.workers WHERE worker = 0');
-mock_cmd($mock, 'down all');
-kill 'STOP', $stopped or die "could not stop relay worker 0 (pid $stopped)";
 END { kill 'CONT', $stopped if $stopped; }
-my ($alone, $owner) = claims_apart('turn_3', 'turn_4');
-kill 'CONT', $stopped;
+my ($alone, $owner) = turns_apart('alone',
+	sub { kill 'STOP', $stopped or die "could not stop relay worker 0 (pid $stopped)" },
+	sub { kill 'CONT', $stopped });
 is($owner, '1', 'worker 1 claimed both events while worker 0 was stopped');
 ok($alone >= 0.45 && $alone < 0.9,
 	"with worker 0 stopped, worker 1 claimed the second event ${alone} s after the first, at the next turn (0.5 s), not a whole gap later");
-mock_cmd($mock, 'up all');
-all_published($node) or die 'the events claimed by worker 1 alone were not published';
 broker_holds_exactly($mock, $node, $topic,
 	[ split /\n/, $node->safe_psql('postgres', 'SELECT id FROM obx.outbox_events') ]);
 
