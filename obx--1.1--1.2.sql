@@ -491,8 +491,8 @@ $$;
  * the first record since the event's latest replay (a stale worker's late
  * report of a second copy does not move them).  They are sorted by an
  * expression of recorded_at, not by its index: read in that index's order
- * and filtered, every event read the records until its own.  Skipped events are in
- * obx.skipped_events instead.  1.0's obx.replay(topic, since, until)
+ * and filtered, every event read the records until its own.  Skipped
+ * events are in obx.skipped_events instead.  1.0's obx.replay(topic, since, until)
  * reads it as it read the table, unchanged.
  */
 CREATE OR REPLACE VIEW obx.outbox_events AS

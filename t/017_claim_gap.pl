@@ -98,14 +98,14 @@ sub claims_apart
 		"SELECT extract(epoch FROM max(claimed_at) - min(claimed_at)), string_agg(DISTINCT owner::text, ',') FROM obx.leases");
 }
 
-# turns_apart($label, $pause): claims_apart with the brokers down, up to
-# three times until the second claim comes at the next turn (0.45 to 0.9
-# s after the first); then the brokers are up again and every event is
-# published.  A worker that missed its turn because the busy machine did
-# not run it for half a second leaves a whole gap once; workers that kept
-# no turns leave it every time.  $pause runs before each try (it may stop
-# a worker), and resume after it.  Returns the seconds and the owners of
-# the last try.
+# turns_apart($label, $pause, $resume): claims_apart with the brokers
+# down, up to three times until the second claim comes at the next turn
+# (0.45 to 0.9 s after the first); after each try the brokers are up again
+# and every event is published.  A worker that missed its turn because the
+# busy machine did not run it for half a second leaves a whole gap once;
+# workers that kept no turns leave it every time.  $pause (optional) runs
+# before each try, $resume after it.  Returns the seconds and the owners
+# of the last try.
 sub turns_apart
 {
 	my ($label, $pause, $resume) = @_;

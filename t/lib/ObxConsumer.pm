@@ -102,8 +102,9 @@ sub subscribe
 # run, and a run's messages in one produce request (linger.ms 200: kcat
 # reads its input in far less), so that one fetch brings them all: the
 # stand-in returns one record batch per partition and fetch, and a consumer
-# batch gathers only what has been fetched (t/045).  Payloads and keys must not contain a newline (kcat splits input
-# lines) and keys no tab (the key delimiter).
+# batch gathers only what has been fetched (t/045).  Payloads and keys must
+# not contain a newline (kcat splits input lines) and keys no tab (the key
+# delimiter).
 sub produce
 {
 	my ($mock, $topic, @messages) = @_;
