@@ -55,16 +55,7 @@ bench_start()
 		# BENCH_RTT=ms: brokers that far away (each request answered that
 		# much later), as a Kafka in another zone or region would be.
 		if [ -n "${BENCH_RTT:-}" ]; then
-			local control reply
-			control=$(sed -n 's/^control=//p' "$work/mock.state")
-			exec 3<>"/dev/tcp/${control%:*}/${control#*:}"
-			echo "rtt all $BENCH_RTT" >&3
-			read -r reply <&3
-			exec 3<&-
-			[ "${reply%% *}" = ok ] || {
-				echo "bench: the stand-in refused rtt $BENCH_RTT: $reply" >&2
-				return 1
-			}
+			mock_command "rtt all $BENCH_RTT" || return 1
 		fi
 	fi
 
@@ -99,6 +90,22 @@ EOF
 	sql -f "$here/sql/setup.sql" >/dev/null
 	[ "${BENCH_STATEMENTS:-0}" = 1 ] && sql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
 	return 0
+}
+
+# mock_command LINE: one command to the stand-in's control port; fails
+# unless it answers "ok".
+mock_command()
+{
+	local control reply
+	control=$(sed -n 's/^control=//p' "$work/mock.state")
+	exec 3<>"/dev/tcp/${control%:*}/${control#*:}"
+	echo "$1" >&3
+	read -r reply <&3
+	exec 3<&-
+	[ "${reply%% *}" = ok ] || {
+		echo "bench: the stand-in refused \"$1\": $reply" >&2
+		return 1
+	}
 }
 
 bench_stop()
@@ -143,14 +150,16 @@ kafka_description()
 }
 
 # bench_topic NAME...: with KAFKA=real, create the topics a benchmark is
-# about to use, as kafka_description says (one JVM start each, before
-# anything is timed); with the stand-in nothing, it makes them on first use.
+# about to use, as kafka_description says (with bench_partitions
+# partitions where a benchmark sets it, 4 otherwise; one JVM start each,
+# before anything is timed); with the stand-in nothing, it makes them on
+# first use.
 bench_topic()
 {
 	[ -n "$kafka_dir" ] || return 0
 	local t
 	for t in "$@"; do
-		"$root/tools/kafka-cluster" topic "$kafka_dir" "$t" 4 \
+		"$root/tools/kafka-cluster" topic "$kafka_dir" "$t" "${bench_partitions:-4}" \
 			message.timestamp.type=LogAppendTime min.insync.replicas=2
 	done
 }
@@ -328,6 +337,18 @@ EOF
 calc()
 {
 	awk "BEGIN { v = $1; printf \"%.${2:-2}f\", v }"
+}
+
+# median N...: the median of the numbers given (the mean of the middle two
+# for an even count), "-" for none.
+median()
+{
+	printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
+		END {
+			if (NR == 0) print "-"
+			else if (NR % 2) print v[(NR + 1) / 2]
+			else print (v[NR / 2] + v[NR / 2 + 1]) / 2
+		}'
 }
 
 # ratio A B: A / B with two decimals, or "-" when either is not a number.
