@@ -46,7 +46,8 @@
 #     statement) and per published event (server restart to drained), from
 #     pg_current_wal_lsn;
 #   - the latency: commit → published_at p99 at a steady 2,000 events/s
-#     (HISTORY_RATE) for 20 s (HISTORY_LATENCY_SECONDS), measured as
+#     (HISTORY_RATE) for 20 s (HISTORY_LATENCY_SECONDS), HISTORY_LATENCY_RUNS
+#     times (default 3, medians reported), measured as
 #     latency.sh does (pgbench/latency.sql, 16 clients, a 3 s warm-up not
 #     measured, commit times from track_commit_timestamp, published_at
 #     from the records), and the relay workers' CPU per 1,000 events from
@@ -278,11 +279,14 @@ history_drain()
 }
 
 # history_latency SIZE: commit → published_at at a steady HISTORY_RATE, as
-# latency.sh measures it, and the relay's CPU per 1,000 events.
+# latency.sh measures it, and the relay's CPU per 1,000 events; measured
+# HISTORY_LATENCY_RUNS times (default 3), each run's figures printed and
+# their medians kept.
 history_latency()
 {
 	local size=$1 rate=${HISTORY_RATE:-2000} secs=${HISTORY_LATENCY_SECONDS:-20}
 	local clients=${LATENCY_CLIENTS:-16} threads topic=bench.history.latency
+	local runs=${HISTORY_LATENCY_RUNS:-3} run p50s=() p99s=() cpus=()
 	threads=$(pgbench_threads "$clients")
 	sed "s/TOPIC/$topic/" "$here/pgbench/latency.sql" >"$work/history_latency.sql"
 	chmod 644 "$work/history_latency.sql"
@@ -291,29 +295,39 @@ history_latency()
 		-f "$work/history_latency.sql" >/dev/null 2>&1 || true
 	settle_relay 120 >/dev/null || true
 
-	local seq0 relays relay0 settled
-	seq0=$(sql_value "$last_seq_sql")
-	relays=$(relay_pids)
-	relay0=$(cpu_ms $relays)
-	run_pgbench -c "$clients" -j "$threads" -R "$rate" -T "$secs" -M prepared \
-		-f "$work/history_latency.sql" >"$work/history_latency.log" 2>&1 || {
-		cat "$work/history_latency.log" >&2
-		return 1
-	}
-	settled=$(settle_relay "${LATENCY_SETTLE_TIMEOUT:-120}") || true
-	local relay_ms=$(($(cpu_ms $relays) - relay0))
-	local events p50 p99
-	read -r events p50 p99 <<<"$(sql -tA -F' ' -c "
-		WITH $(latency_ctes "$seq0" "$topic"),
-		l AS (SELECT $commit_to_published AS up FROM ev)
-		SELECT count(*), round(percentile_disc(0.5) WITHIN GROUP (ORDER BY up)::numeric, 1),
-			   round(percentile_disc(0.99) WITHIN GROUP (ORDER BY up)::numeric, 1)
-		  FROM l")"
-	hist[$size,p50]=$p50
-	hist[$size,p99]=$p99
-	hist[$size,cpu]=$(per_k "$relay_ms" "$events")
+	for ((run = 1; run <= runs; run++)); do
+		local seq0 relays relay0 settled
+		seq0=$(sql_value "$last_seq_sql")
+		relays=$(relay_pids)
+		relay0=$(cpu_ms $relays)
+		run_pgbench -c "$clients" -j "$threads" -R "$rate" -T "$secs" -M prepared \
+			-f "$work/history_latency.sql" >"$work/history_latency.log" 2>&1 || {
+			cat "$work/history_latency.log" >&2
+			return 1
+		}
+		settled=$(settle_relay "${LATENCY_SETTLE_TIMEOUT:-120}") || true
+		local relay_ms=$(($(cpu_ms $relays) - relay0))
+		local events p50 p99 cpu
+		read -r events p50 p99 <<<"$(sql -tA -F' ' -c "
+			WITH $(latency_ctes "$seq0" "$topic"),
+			l AS (SELECT $commit_to_published AS up FROM ev)
+			SELECT count(*), round(percentile_disc(0.5) WITHIN GROUP (ORDER BY up)::numeric, 1),
+				   round(percentile_disc(0.99) WITHIN GROUP (ORDER BY up)::numeric, 1)
+			  FROM l")"
+		cpu=$(per_k "$relay_ms" "$events")
+		p50s+=("$p50")
+		p99s+=("$p99")
+		cpus+=("$cpu")
+		echo "size $size, run $run of $runs: $events events at $rate/s for ${secs} s, commit → published_at p50 $p50 ms, p99 $p99 ms, all published after ${settled} s; relay CPU $cpu ms per 1,000 events"
+	done
+	hist[$size,p50]=$(median "${p50s[@]}")
+	hist[$size,p99]=$(median "${p99s[@]}")
+	hist[$size,cpu]=$(median "${cpus[@]}")
+	hist[$size,cpu_runs]=$(
+		IFS=/
+		echo "${cpus[*]}"
+	)
 	hist[$size,relay_s]=$((SECONDS - ${hist[$size,relay_t0]}))
-	echo "size $size: $events events at $rate/s for ${secs} s, commit → published_at p50 $p50 ms, p99 $p99 ms, all published after ${settled} s; relay CPU ${hist[$size,cpu]} ms per 1,000 events"
 }
 
 # history_report SIZES: the tables, one row per size, the ratios of the
@@ -355,11 +369,11 @@ history_report()
 	done
 
 	echo
-	echo "The relay: a drain of ${HISTORY_DRAIN_EVENTS:-100000} events (enqueued with the relay paused), and ${HISTORY_RATE:-2000} events/s for ${HISTORY_LATENCY_SECONDS:-20} s"
+	echo "The relay: a drain of ${HISTORY_DRAIN_EVENTS:-100000} events (enqueued with the relay paused), and ${HISTORY_RATE:-2000} events/s for ${HISTORY_LATENCY_SECONDS:-20} s (medians of ${HISTORY_LATENCY_RUNS:-3} runs; the CPU of each run after them)"
 	{
-		echo "filled events | drain s | drain events/s | WAL B/enqueued event | WAL B/published event | commit -> published_at p50 ms | p99 ms | relay CPU ms/1,000 events"
+		echo "filled events | drain s | drain events/s | WAL B/enqueued event | WAL B/published event | commit -> published_at p50 ms | p99 ms | relay CPU ms/1,000 events | each run"
 		for size in $sizes; do
-			echo "$size | ${hist[$size,drain_s]} | ${hist[$size,drain_rate]} | ${hist[$size,wal_enq]} | ${hist[$size,wal_pub]} | ${hist[$size,p50]} | ${hist[$size,p99]} | ${hist[$size,cpu]}"
+			echo "$size | ${hist[$size,drain_s]} | ${hist[$size,drain_rate]} | ${hist[$size,wal_enq]} | ${hist[$size,wal_pub]} | ${hist[$size,p50]} | ${hist[$size,p99]} | ${hist[$size,cpu]} | ${hist[$size,cpu_runs]}"
 		done
 	} | table
 	history_verdicts "$sizes"
