@@ -1,40 +1,55 @@
 # bench/debezium.sh: sourced by bench/run.  Benchmark 7, obx beside
-# Debezium (issue 27); with KAFKA=real only.
+# Debezium (issues 27 and 58); with KAFKA=real only.
 #
 # Debezium 3.6.1's PostgreSQL connector (pgoutput, a logical replication
 # slot) with its outbox EventRouter, in Kafka Connect standalone 4.3
 # (tools/debezium/pom.xml, fetched by obx_install_debezium), and obx's
-# relay, one publisher at a time, on the same server and the same 3-node
-# cluster.  The server runs with wal_level = logical throughout this
-# benchmark, for both (Debezium needs it; obx does not).  Both produce with
-# acks=all and idempotence; Connect's producer keeps its other defaults
-# (Kafka 4.3's: linger.ms 5).  Debezium's outbox is bench.dbz_outbox, the
-# columns EventRouter reads by default; the application's transaction
-# inserts one row, with the same ~180-byte payload as obx's events, and
-# EventRouter routes it by aggregatetype to a topic of its own.
+# relay with its defaults, one publisher at a time, on the same server and
+# the same 3-node cluster (topics of DEBEZIUM_PARTITIONS, 6, partitions,
+# RF 3, min.insync.replicas 2, LogAppendTime).  The server runs with
+# wal_level = logical throughout, for both (Debezium needs it; obx does
+# not).  Debezium as its best users tune it for latency: poll.interval.ms
+# 10 (its default, 500, adds ~0.5 s to every event: issue 58 measured p99
+# 817-941 ms), Connect's producer with acks=all and idempotence, its
+# other producer settings Connect's defaults, offset.flush.interval.ms
+# DEBEZIUM_OFFSET_FLUSH_MS (10,000, as Connect's standalone example).
+# The application's transaction, on both sides, inserts an order row
+# (bench.orders) and writes its event (~200-byte payload, 10,000 keys):
+# obx.enqueue, or an INSERT into Debezium's outbox (bench.dbz_outbox, the
+# columns EventRouter reads by default), which EventRouter routes by
+# aggregatetype to a topic.
 #
+# DEBEZIUM_RUNS (3) rounds; in each, both publishers in turn (obx first
+# in odd rounds, Debezium first in even ones), each doing:
 # 1. Drain: DEBEZIUM_EVENTS (100,000) events committed in one statement
 #    while the publisher is stopped (obx: obx.workers = 0; Debezium:
 #    Connect stopped, its slot kept), then the publisher started.  The
 #    drain time is the span of the events' broker append times
 #    (LogAppendTime), first to last, so that neither's start-up counts.
-#    CPU per 1,000 events: obx's relay workers; the Connect JVM from the
-#    moment it streams (its start-up excluded as far as that goes).
-# 2. Latency: at each rate of DEBEZIUM_RATES ("500 2000"), one event per
-#    transaction by pgbench --rate (DEBEZIUM_LATENCY_CLIENTS, 16, as in
-#    bench/latency.sh) for DEBEZIUM_SECONDS (20) after a 3 s
-#    warm-up, commit -> broker append (LogAppendTime), as bench/latency.sh
-#    measures it: obx with its defaults; Debezium at its defaults
-#    (poll.interval.ms 500); Debezium with poll.interval.ms 10.
-# 3. The application's throughput: pgbench at full speed, DEBEZIUM_CLIENTS
-#    (4) clients for DEBEZIUM_TPS_SECONDS (15): obx.enqueue with the relay
-#    running, then the INSERT into Debezium's outbox with Connect running
-#    (poll.interval.ms 10), in turn for DEBEZIUM_TPS_ROUNDS (2) rounds,
-#    each with the backlog its publisher left when the run ended; then each
-#    with its publisher stopped.
+#    CPU per 1,000 events: obx's relay workers; Debezium's Connect JVM and
+#    its walsender, from the moment it streams.
+# 2. Warm-up: DEBEZIUM_WARMUP_SECONDS (10) at 2,000 events/s, not
+#    measured (the JVM compiles its hot code; obx's producers learn the
+#    topic), until all of it is published.
+# 3. Latency: at each rate of DEBEZIUM_RATES ("500 2000"), one event per
+#    transaction by pgbench --rate, DEBEZIUM_CLIENTS (4) clients, for
+#    DEBEZIUM_SECONDS (20): commit -> broker append (LogAppendTime), commit
+#    times from track_commit_timestamp; and from the load's start until
+#    all is published, the CPU per 1,000 events of the brokers (all three
+#    JVMs) and of the publisher.
+# 4. The application's throughput: pgbench at full speed, DEBEZIUM_CLIENTS
+#    clients for DEBEZIUM_TPS_SECONDS (15), the publisher running, then
+#    (after it caught up) stopped.
+# Each run's figures are printed, then their medians and the targets of
+# issue 58.
+#
+# Unlike issue 58's own measurement: the brokers are Kafka
+# $OBX_KAFKA_VERSION (tools/kafka-cluster's), not 4.3.0 (Connect's client
+# jars are 4.3.0).
 
 dbz_base=("wal_level = logical" "listen_addresses = '127.0.0.1'" "track_commit_timestamp = on")
 dbz_pid=""
+declare -A vs
 
 bench_debezium()
 {
@@ -44,147 +59,222 @@ bench_debezium()
 		return 0
 	fi
 	obx_install_debezium >&2
-	local n=${DEBEZIUM_EVENTS:-100000}
-	local secs=${DEBEZIUM_SECONDS:-20}
-	local rates=${DEBEZIUM_RATES:-500 2000}
-	local clients=${DEBEZIUM_CLIENTS:-4}
-	local lat_clients=${DEBEZIUM_LATENCY_CLIENTS:-16}
-	local tps_secs=${DEBEZIUM_TPS_SECONDS:-15}
-	echo "== 7. obx beside Debezium $OBX_DEBEZIUM_VERSION (Kafka Connect standalone), wal_level = logical for both (load average $(machine_load))"
+	local runs=${DEBEZIUM_RUNS:-3} rates=${DEBEZIUM_RATES:-500 2000} run side rate
+	echo "== 7. obx beside Debezium $OBX_DEBEZIUM_VERSION (Kafka Connect standalone, poll.interval.ms 10), wal_level = logical for both, $runs rounds (load average $(machine_load))"
 
-	local topics=(bench.vs.obx.drain bench.vs.dbz.drain bench.vs.dbz.warm bench.vs.dbz.tps bench.enqueue) rate
+	local topics=(bench.vs.obx.warm bench.vs.dbz.warm bench.vs.obx.tps bench.vs.dbz.tps)
 	for rate in $rates; do
-		topics+=("bench.vs.obx.r$rate" "bench.vs.dbz.p500.r$rate" "bench.vs.dbz.p10.r$rate")
+		topics+=("bench.vs.obx.r$rate" "bench.vs.dbz.r$rate")
 	done
-	bench_topic "${topics[@]}"
+	for ((run = 1; run <= runs; run++)); do
+		topics+=("bench.vs.obx.drain$run" "bench.vs.dbz.drain$run")
+	done
+	bench_partitions=${DEBEZIUM_PARTITIONS:-6} bench_topic "${topics[@]}"
 
-	# 1. Drains.
+	# Debezium's slot, made by its first start, before any event is written.
 	pg_phase "${dbz_base[@]}" "obx.workers = 0"
 	reset_outbox
-	sql -q -c "TRUNCATE bench.dbz_outbox" -c "SELECT setseed(0.42)" -c "
-		SELECT count(obx.enqueue('bench.vs.obx.drain', 'cus_' || lpad(k::text, 5, '0'), bench.make_payload(i, k)))
+	sql -q -c "TRUNCATE bench.dbz_outbox, bench.orders" >/dev/null
+	dbz_start || return 1
+	dbz_stop
+
+	for ((run = 1; run <= runs; run++)); do
+		if ((run % 2)); then
+			vs_obx "$run" && vs_dbz "$run" || return 1
+		else
+			vs_dbz "$run" && vs_obx "$run" || return 1
+		fi
+	done
+	vs_report "$runs" "$rates"
+}
+
+# vs_obx RUN: obx's round RUN (drain, warm-up, latency, throughput).
+vs_obx()
+{
+	local run=$1 n=${DEBEZIUM_EVENTS:-100000} rate seq0
+	pg_phase "${dbz_base[@]}" "obx.workers = 0"
+	reset_outbox
+	sql -q -c "SELECT setseed(0.42)" -c "
+		SELECT count(obx.enqueue('bench.vs.obx.drain$run', 'cus_' || lpad(k::text, 5, '0'), bench.make_payload(i, k)))
 		  FROM (SELECT i, floor(random() * 10000)::int AS k FROM generate_series(1, $n) i) s" >/dev/null
 	pg_phase "${dbz_base[@]}"
 	settle_relay 600 >/dev/null || return 1
-	local obx_cpu obx_span
-	obx_cpu=$(per_k "$(cpu_ms $(relay_pids))" "$n")
-	obx_span=$(append_span bench.vs.obx.drain)
+	vs[obx,drain_cpu,$run]=$(per_k "$(cpu_ms $(relay_pids))" "$n")
+	vs[obx,drain_rate,$run]=$(calc "$n / $(append_span "bench.vs.obx.drain$run")" 0)
 
+	vs_script obx warm
+	vs_load obx warm 2000 "${DEBEZIUM_WARMUP_SECONDS:-10}" >/dev/null || return 1
+	settle_relay 120 >/dev/null || return 1
+	for rate in $rates; do
+		vs_script obx "r$rate"
+		seq0=$(sql_value "$last_seq_sql")
+		vs_measure obx "$run" "$rate" "bench.vs.obx.r$rate" "
+			SELECT id, pg_xact_commit_timestamp(((((payload->>'xid')::bigint % 4294967296)::text)::xid)) AS committed
+			  FROM obx.events WHERE topic = 'bench.vs.obx.r$rate' AND seq > $seq0" || return 1
+	done
+
+	vs_script obx tps
+	vs[obx,tps_on,$run]=$(full_speed "$work/vs_obx_tps.sql" "${DEBEZIUM_CLIENTS:-4}" "${DEBEZIUM_TPS_SECONDS:-15}") || return 1
+	vs[obx,backlog,$run]=$(sql_value "$pending_sql")
+	settle_relay 600 >/dev/null || return 1
 	pg_phase "${dbz_base[@]}" "obx.workers = 0"
-	dbz_start 500 || return 1
-	sql -q -c "INSERT INTO bench.dbz_outbox (id, aggregatetype, aggregateid, type, payload)
-		VALUES (gen_random_uuid(), 'warm', 'cus_00000', 'OrderPlaced', bench.make_payload(0, 0))"
-	wait_for 120 "Debezium's first event at the broker" topic_holds bench.vs.dbz.warm 1 || return 1
-	dbz_stop
+	vs[obx,tps_off,$run]=$(full_speed "$work/vs_obx_tps.sql" "${DEBEZIUM_CLIENTS:-4}" "${DEBEZIUM_TPS_SECONDS:-15}") || return 1
+	echo "round $run, obx: drain ${vs[obx,drain_rate,$run]} events/s (${vs[obx,drain_cpu,$run]} ms CPU per 1,000); tps ${vs[obx,tps_on,$run]} with the relay running (backlog ${vs[obx,backlog,$run]}), ${vs[obx,tps_off,$run]} with it stopped"
+}
+
+# vs_dbz RUN: Debezium's round RUN, the same steps.  obx's relay is paused
+# throughout, and Connect stopped at the end.
+vs_dbz()
+{
+	local run=$1 n=${DEBEZIUM_EVENTS:-100000} rate n0 c0
+	pg_phase "${dbz_base[@]}" "obx.workers = 0"
 	sql -q -c "SELECT setseed(0.42)" -c "
 		INSERT INTO bench.dbz_outbox (id, aggregatetype, aggregateid, type, payload)
-		SELECT gen_random_uuid(), 'drain', 'cus_' || lpad(k::text, 5, '0'), 'OrderPlaced', bench.make_payload(i, k)
+		SELECT gen_random_uuid(), 'drain$run', 'cus_' || lpad(k::text, 5, '0'), 'OrderPlaced', bench.make_payload(i, k)
 		  FROM (SELECT i, floor(random() * 10000)::int AS k FROM generate_series(1, $n) i) s" >/dev/null
-	dbz_start 500 || return 1
-	local c0 dbz_cpu dbz_span
-	c0=$(cpu_ms "$dbz_pid")
-	wait_for 600 "Debezium's drain of $n events" topic_holds bench.vs.dbz.drain "$n" || return 1
-	dbz_cpu=$(per_k "$(($(cpu_ms "$dbz_pid") - c0))" "$n")
-	dbz_span=$(append_span bench.vs.dbz.drain)
-	local obx_rate dbz_rate drain_ratio
-	obx_rate=$(calc "$n / $obx_span" 0)
-	dbz_rate=$(calc "$n / $dbz_span" 0)
-	drain_ratio=$(ratio "$obx_rate" "$dbz_rate")
-	{
-		echo "publisher | first -> last broker append, s | events/s | CPU per 1,000 events, ms | obx / Debezium (events/s)"
-		echo "obx relay (defaults) | $obx_span | $obx_rate | $obx_cpu | $drain_ratio"
-		echo "Debezium (Connect JVM, from streaming on) | $dbz_span | $dbz_rate | $dbz_cpu | 1.00"
-	} | table
-	echo "target: obx drain ≥ 2 × Debezium's: ${drain_ratio}× — $(verdict "$(awk -v v="$drain_ratio" 'BEGIN { print (v >= 2) }')")"
+	dbz_start || return 1
+	c0=$(cpu_ms $(dbz_pids))
+	wait_for 600 "Debezium's drain of $n events" topic_holds "bench.vs.dbz.drain$run" "$n" || return 1
+	vs[dbz,drain_cpu,$run]=$(per_k "$(($(cpu_ms $(dbz_pids)) - c0))" "$n")
+	vs[dbz,drain_rate,$run]=$(calc "$n / $(append_span "bench.vs.dbz.drain$run")" 0)
 
-	# 2. Latency: Debezium at its defaults (Connect runs with them now),
-	# then with a short poll, then obx.
-	local rows="" p99_obx="" p99_dbz10=""
+	vs_script dbz warm
+	vs_load dbz warm 2000 "${DEBEZIUM_WARMUP_SECONDS:-10}" >/dev/null || return 1
+	wait_for 120 "Debezium to publish the warm-up" dbz_caught_up warm || return 1
 	for rate in $rates; do
-		rows="$rows
-$(dbz_latency 500 "$rate" "$secs" "$lat_clients")"
+		vs_script dbz "r$rate"
+		n0=$(sql_value "SELECT coalesce(max(n), 0) FROM bench.dbz_outbox")
+		vs_measure dbz "$run" "$rate" "bench.vs.dbz.r$rate" "
+			SELECT id, pg_xact_commit_timestamp(((((payload->>'xid')::bigint % 4294967296)::text)::xid)) AS committed
+			  FROM bench.dbz_outbox WHERE aggregatetype = 'r$rate' AND n > $n0" || return 1
 	done
+
+	vs_script dbz tps
+	vs[dbz,tps_on,$run]=$(full_speed "$work/vs_dbz_tps.sql" "${DEBEZIUM_CLIENTS:-4}" "${DEBEZIUM_TPS_SECONDS:-15}") || return 1
+	vs[dbz,backlog,$run]=$(dbz_backlog tps)
+	wait_for 600 "Debezium to publish its backlog" dbz_caught_up tps || return 1
 	dbz_stop
-	dbz_start 10 || return 1
-	for rate in $rates; do
-		local line
-		line=$(dbz_latency 10 "$rate" "$secs" "$lat_clients")
-		rows="$rows
-$line"
-		[ "$rate" = 2000 ] && p99_dbz10=$(cut -d'|' -f4 <<<"$line" | tr -d ' ')
-	done
+	vs[dbz,tps_off,$run]=$(full_speed "$work/vs_dbz_tps.sql" "${DEBEZIUM_CLIENTS:-4}" "${DEBEZIUM_TPS_SECONDS:-15}") || return 1
+	echo "round $run, Debezium: drain ${vs[dbz,drain_rate,$run]} events/s (${vs[dbz,drain_cpu,$run]} ms CPU per 1,000); tps ${vs[dbz,tps_on,$run]} with Connect running (backlog ${vs[dbz,backlog,$run]}), ${vs[dbz,tps_off,$run]} with it stopped"
+}
 
-	dbz_stop
-	pg_phase "${dbz_base[@]}"
-	reset_outbox
-	for rate in $rates; do
-		local line
-		line=$(obx_latency "$rate" "$secs" "$lat_clients")
-		rows="$rows
-$line"
-		[ "$rate" = 2000 ] && p99_obx=$(cut -d'|' -f4 <<<"$line" | tr -d ' ')
-	done
+# vs_script obx|dbz ROUTE: the application's transaction into
+# $work/vs_SIDE_ROUTE.sql: obx's events to topic bench.vs.obx.ROUTE,
+# Debezium's with aggregatetype ROUTE (topic bench.vs.dbz.ROUTE).
+vs_script()
+{
+	local f=$work/vs_$1_$2.sql
+	sed -e "s/TOPIC/bench.vs.obx.$2/" -e "s/ROUTE/$2/" "$here/pgbench/order_$1.sql" >"$f"
+	chmod 644 "$f"
+}
 
-	# 3. Throughput: the two publishers in turn, then each stopped.
-	local round tps_rows="" obx_on=() dbz_on=() out
-	sed "s/ROUTE/tps/" "$here/pgbench/insert_debezium.sql" >"$work/tps_debezium.sql"
-	chmod 644 "$work/tps_debezium.sql"
-	for round in $(seq 1 "${DEBEZIUM_TPS_ROUNDS:-2}"); do
-		pg_phase "${dbz_base[@]}"
-		reset_outbox
-		out=$(full_speed "$here/pgbench/enqueue_obx.sql" "$clients" "$tps_secs") || return 1
-		obx_on+=("$out")
-		tps_rows="$tps_rows
-obx running (obx.enqueue; the relay with its defaults), round $round | $out | $(sql_value "$pending_sql")"
-		pg_phase "${dbz_base[@]}" "obx.workers = 0"
-		dbz_start 10 || return 1
-		out=$(full_speed "$work/tps_debezium.sql" "$clients" "$tps_secs") || return 1
-		dbz_on+=("$out")
-		tps_rows="$tps_rows
-Debezium running (INSERT into its outbox; Connect, poll.interval.ms 10), round $round | $out | $(dbz_backlog)"
-		# Caught up before it stops, so that the next round starts even.
-		wait_for 600 "Debezium to publish its backlog" dbz_caught_up || return 1
-		dbz_stop
-	done
-	reset_outbox
-	tps_rows="$tps_rows
-obx stopped (obx.workers = 0) | $(full_speed "$here/pgbench/enqueue_obx.sql" "$clients" "$tps_secs") | -
-Debezium stopped (Connect stopped) | $(full_speed "$work/tps_debezium.sql" "$clients" "$tps_secs") | -"
-	local obx_mean dbz_mean
-	obx_mean=$(printf '%s\n' "${obx_on[@]}" | awk '{ s += $1 } END { printf "%.0f", s / NR }')
-	dbz_mean=$(printf '%s\n' "${dbz_on[@]}" | awk '{ s += $1 } END { printf "%.0f", s / NR }')
+# vs_load obx|dbz ROUTE RATE SECONDS: the application's transaction at RATE.
+vs_load()
+{
+	local clients=${DEBEZIUM_CLIENTS:-4}
+	run_pgbench -c "$clients" -j "$(pgbench_threads "$clients")" -R "$3" -T "$4" -M prepared \
+		-f "$work/vs_$1_$2.sql" >"$work/vs_$1_$2.log" 2>&1 || {
+		cat "$work/vs_$1_$2.log" >&2
+		return 1
+	}
+}
 
-	echo
-	echo "commit -> broker append (LogAppendTime), one event per transaction at a steady rate, ${secs}s per run"
+# vs_measure obx|dbz RUN RATE TOPIC COMMITS_SQL: one latency run at RATE,
+# from the load's start until its events are all published: commit ->
+# broker append over the events COMMITS_SQL lists, the brokers' and the
+# publisher's CPU per 1,000 events.
+vs_measure()
+{
+	local side=$1 run=$2 rate=$3 topic=$4 commits=$5 route=r$3
+	local secs=${DEBEZIUM_SECONDS:-20} b0 p0 b1 p1 events
+	b0=$(cpu_ms $(broker_pids))
+	if [ "$side" = obx ]; then p0=$(cpu_ms $(relay_pids)); else p0=$(cpu_ms $(dbz_pids)); fi
+	vs_load "$side" "$route" "$rate" "$secs" || return 1
+	if [ "$side" = obx ]; then
+		settle_relay 120 >/dev/null || true
+		p1=$(cpu_ms $(relay_pids))
+	else
+		wait_for 120 "Debezium to publish the run's events" dbz_caught_up "$route" || true
+		p1=$(cpu_ms $(dbz_pids))
+	fi
+	b1=$(cpu_ms $(broker_pids))
+	local events matched p50 p99 max
+	read -r events matched p50 p99 max <<<"$(latency_stats "$topic" "$commits")"
+	vs[$side,p50,$rate,$run]=$p50
+	vs[$side,p99,$rate,$run]=$p99
+	vs[$side,brokers,$rate,$run]=$(per_k "$((b1 - b0))" "$events")
+	vs[$side,cpu,$rate,$run]=$(per_k "$((p1 - p0))" "$events")
+	echo "round $run, $(vs_name "$side") at $rate/s: $events events ($matched read back), commit -> append p50 $p50 ms, p99 $p99 ms, max $max ms; CPU per 1,000 events: brokers ${vs[$side,brokers,$rate,$run]} ms, publisher ${vs[$side,cpu,$rate,$run]} ms"
+}
+
+vs_name()
+{
+	if [ "$1" = obx ]; then echo "obx"; else echo "Debezium"; fi
+}
+
+# vs_report RUNS RATES: the medians, each run's figures beside them, and
+# issue 58's targets.
+vs_report()
+{
+	local runs=$1 rates=$2 side rate m k
+	# vs_med KEY: "median (run1/run2/...)" of vs[KEY,RUN].
+	vs_med()
 	{
-		echo "rate | publisher | p50 ms | p99 ms | max ms | events (read back)"
-		echo "${rows#?}"
-	} | table
-	echo "target: obx p99 at 2,000 events/s ≤ Debezium's with poll.interval.ms 10: $p99_obx / $p99_dbz10 ms — $(verdict "$(awk -v a="$p99_obx" -v b="$p99_dbz10" 'BEGIN { print (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && a <= b) }')")"
-
-	echo
-	echo "the application's transactions per second, one event each, $clients clients at full speed for ${tps_secs}s; backlog: events the publisher had not published when the run ended"
+		local r v=()
+		for ((r = 1; r <= runs; r++)); do v+=("${vs[$1,$r]}"); done
+		local IFS=/
+		echo "$(median "${v[@]}") (${v[*]})"
+	}
+	vs_m()
 	{
-		echo "publisher | tps | backlog"
-		echo "${tps_rows#?}"
+		vs_med "$1" | cut -d' ' -f1
+	}
+	echo
+	echo "Medians of $runs rounds (each round's figure in brackets, in round order)"
+	{
+		echo "measure | obx (defaults) | Debezium (poll.interval.ms 10) | obx / Debezium"
+		echo "drain of ${DEBEZIUM_EVENTS:-100000}, events/s | $(vs_med obx,drain_rate) | $(vs_med dbz,drain_rate) | $(ratio "$(vs_m obx,drain_rate)" "$(vs_m dbz,drain_rate)")"
+		echo "publisher CPU per 1,000 events in the drain, ms | $(vs_med obx,drain_cpu) | $(vs_med dbz,drain_cpu) | $(ratio "$(vs_m obx,drain_cpu)" "$(vs_m dbz,drain_cpu)")"
+		for rate in $rates; do
+			for k in p50 p99; do
+				echo "$k commit -> LogAppendTime at $rate/s, ms | $(vs_med obx,$k,$rate) | $(vs_med dbz,$k,$rate) | $(ratio "$(vs_m obx,$k,$rate)" "$(vs_m dbz,$k,$rate)")"
+			done
+			echo "brokers' CPU per 1,000 events at $rate/s, ms | $(vs_med obx,brokers,$rate) | $(vs_med dbz,brokers,$rate) | $(ratio "$(vs_m obx,brokers,$rate)" "$(vs_m dbz,brokers,$rate)")"
+			echo "publisher CPU per 1,000 events at $rate/s, ms | $(vs_med obx,cpu,$rate) | $(vs_med dbz,cpu,$rate) | $(ratio "$(vs_m obx,cpu,$rate)" "$(vs_m dbz,cpu,$rate)")"
+		done
+		echo "the application's tps, publisher running | $(vs_med obx,tps_on) | $(vs_med dbz,tps_on) | $(ratio "$(vs_m obx,tps_on)" "$(vs_m dbz,tps_on)")"
+		echo "the same, publisher stopped | $(vs_med obx,tps_off) | $(vs_med dbz,tps_off) | $(ratio "$(vs_m obx,tps_off)" "$(vs_m dbz,tps_off)")"
 	} | table
-	echo "target: the application's tps with obx running ≥ with Debezium running (means of the rounds): $obx_mean / $dbz_mean = $(ratio "$obx_mean" "$dbz_mean")× — $(verdict "$(awk -v a="$obx_mean" -v b="$dbz_mean" 'BEGIN { print (a >= b) }')")"
+	local a b
+	echo "targets (issue 58):"
+	a=$(vs_m obx,drain_rate) b=$(vs_m dbz,drain_rate)
+	echo "  drain ≥ 3 × Debezium's: $(ratio "$a" "$b")× — $(verdict "$(awk -v a="$a" -v b="$b" 'BEGIN { print (a >= 3 * b) }')")"
+	for rate in $rates; do
+		a=$(vs_m obx,p99,$rate) b=$(vs_m dbz,p99,$rate)
+		echo "  p99 at $rate/s ≤ Debezium's: $a / $b ms — $(verdict "$(awk -v a="$a" -v b="$b" 'BEGIN { print (a <= b) }')")"
+		a=$(vs_m obx,brokers,$rate) b=$(vs_m dbz,brokers,$rate)
+		echo "  brokers' CPU per event at $rate/s ≤ Debezium's: $a / $b ms per 1,000 — $(verdict "$(awk -v a="$a" -v b="$b" 'BEGIN { print (a <= b) }')")"
+	done
+	a=$(vs_m obx,tps_on) b=$(vs_m dbz,tps_on)
+	echo "  the application's tps with the publisher running ≥ with Debezium's: $a / $b — $(verdict "$(awk -v a="$a" -v b="$b" 'BEGIN { print (a >= b) }')")"
+	a=$(vs_m obx,tps_off) b=$(vs_m dbz,tps_off)
+	echo "  obx's transaction costs ≤ 1.05 × Debezium's, publishers stopped (tps ratio Debezium / obx): $(ratio "$b" "$a")× — $(verdict "$(awk -v a="$a" -v b="$b" 'BEGIN { print (b <= 1.05 * a) }')")"
 	return 0
 }
 
-# dbz_start POLL_MS: Kafka Connect standalone with Debezium's connector
-# (poll.interval.ms POLL_MS), its offsets in $work/dbz; returns once the
-# connector streams from its slot.
+# dbz_start: Kafka Connect standalone with Debezium's connector
+# (poll.interval.ms DEBEZIUM_POLL_MS, 10), its offsets in $work/dbz;
+# returns once the connector streams from its slot.
 dbz_start()
 {
-	local poll=$1 dir=$work/dbz
+	local poll=${DEBEZIUM_POLL_MS:-10} dir=$work/dbz
 	mkdir -p "$dir"
 	cat >"$dir/worker.properties" <<EOF
 bootstrap.servers=$brokers
 key.converter=org.apache.kafka.connect.storage.StringConverter
 value.converter=org.apache.kafka.connect.storage.StringConverter
 offset.storage.file.filename=$dir/offsets
-offset.flush.interval.ms=1000
+offset.flush.interval.ms=${DEBEZIUM_OFFSET_FLUSH_MS:-10000}
 listeners=http://127.0.0.1:$((port + 1))
 producer.acks=all
 producer.enable.idempotence=true
@@ -254,25 +344,35 @@ dbz_slot_released()
 	[ "$(sql_value "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'bench_dbz' AND active")" = 0 ]
 }
 
-# dbz_backlog: the throughput runs' rows that Debezium has not published.
+# dbz_pids: Connect's JVM and the walsender that decodes for it.
+dbz_pids()
+{
+	echo "$dbz_pid" $(sql_value "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'bench_dbz'")
+}
+
+# dbz_backlog ROUTE: the rows of Debezium's outbox with aggregatetype
+# ROUTE that its topic does not hold yet.
 dbz_backlog()
 {
-	echo $(($(sql_value "SELECT count(*) FROM bench.dbz_outbox WHERE aggregatetype = 'tps'") - $(topic_count bench.vs.dbz.tps)))
+	echo $(($(sql_value "SELECT count(*) FROM bench.dbz_outbox WHERE aggregatetype = '$1'") - $(topic_count "bench.vs.dbz.$1")))
 }
 
-# dbz_caught_up: whether Debezium has published its whole backlog (read
-# again at each call: a condition for wait_for).
+# dbz_caught_up ROUTE: whether Debezium has published every row of ROUTE
+# (read again at each call: a condition for wait_for).
 dbz_caught_up()
 {
-	[ "$(dbz_backlog)" -le 0 ]
+	[ "$(dbz_backlog "$1")" -le 0 ]
 }
 
-# topic_count TOPIC: how many messages the topic's 4 partitions hold.
+# topic_count TOPIC: how many messages the topic's partitions hold (the
+# DEBEZIUM_PARTITIONS that bench_debezium made).
 topic_count()
 {
-	local t=$1
-	kcat -Q -b "$brokers" -t "$t:0:-1" -t "$t:1:-1" -t "$t:2:-1" -t "$t:3:-1" 2>/dev/null |
-		awk '{ s += $4 } END { print s + 0 }'
+	local t=$1 p args=()
+	for ((p = 0; p < ${DEBEZIUM_PARTITIONS:-6}; p++)); do
+		args+=(-t "$t:$p:-1")
+	done
+	kcat -Q -b "$brokers" "${args[@]}" 2>/dev/null | awk '{ s += $4 } END { print s + 0 }'
 }
 
 # topic_holds TOPIC N: the topic holds at least N messages.
@@ -301,15 +401,16 @@ full_speed()
 	calc "$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")" 0
 }
 
-# latency_row LABEL RATE TOPIC COMMITS_SQL: read TOPIC back and print
-# "RATE | LABEL | p50 | p99 | max | N (M)", commit -> broker append over
-# the events COMMITS_SQL lists (id, commit time).
-latency_row()
+# latency_stats TOPIC COMMITS_SQL: read TOPIC back and print "EVENTS
+# MATCHED P50 P99 MAX", commit -> broker append in ms over the events
+# COMMITS_SQL lists (id, commit time); an event not read back counts as
+# infinitely late.
+latency_stats()
 {
-	local label=$1 rate=$2 topic=$3 commits=$4 res
+	local topic=$1 commits=$2
 	kcat -C -b "$brokers" -t "$topic" -o beginning -e -q -f '%T\t%h\n' >"$work/vs_$topic.tsv" 2>/dev/null || true
 	chmod 644 "$work/vs_$topic.tsv"
-	res=$(sql -tA -F' ' -P null=- -c "CREATE TEMP TABLE k (ts_ms bigint, headers text)" \
+	sql -tA -F' ' -P null=- -c "CREATE TEMP TABLE k (ts_ms bigint, headers text)" \
 		-c "\\copy k FROM '$work/vs_$topic.tsv'" -c "
 		WITH c AS ($commits),
 		kk AS (SELECT substring(headers FROM 'event_id=([0-9a-f-]{36})')::uuid AS id, min(ts_ms) AS ts_ms
@@ -320,52 +421,5 @@ latency_row()
 			   round(percentile_disc(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
 			   round(percentile_disc(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1),
 			   round(max(ms)::numeric, 1)
-		  FROM l" | tail -1)
-	local events matched p50 p99 max
-	read -r events matched p50 p99 max <<<"$res"
-	echo "$rate/s | $label | $p50 | $p99 | $max | $events ($matched)"
-}
-
-# dbz_latency POLL RATE SECONDS CLIENTS: one latency run of Debezium
-# (running with poll.interval.ms POLL) into topic bench.vs.dbz.pPOLL.rRATE.
-dbz_latency()
-{
-	local poll=$1 rate=$2 secs=$3 clients=$4 route="p$1.r$2" n0 total
-	sed "s/ROUTE/$route/" "$here/pgbench/insert_debezium.sql" >"$work/dbz_$route.sql"
-	chmod 644 "$work/dbz_$route.sql"
-	run_pgbench -c "$clients" -j "$(pgbench_threads "$clients")" -R "$rate" -T 3 -M prepared \
-		-f "$work/dbz_$route.sql" >/dev/null 2>&1 || true
-	n0=$(sql_value "SELECT coalesce(max(n), 0) FROM bench.dbz_outbox")
-	run_pgbench -c "$clients" -j "$(pgbench_threads "$clients")" -R "$rate" -T "$secs" -M prepared \
-		-f "$work/dbz_$route.sql" >"$work/dbz_$route.log" 2>&1 || {
-		cat "$work/dbz_$route.log" >&2
-		return 1
-	}
-	total=$(sql_value "SELECT count(*) FROM bench.dbz_outbox WHERE aggregatetype = '$route'")
-	wait_for 120 "Debezium to publish the run's events" topic_holds "bench.vs.dbz.$route" "$total" || true
-	latency_row "Debezium, poll.interval.ms $poll" "$rate" "bench.vs.dbz.$route" "
-		SELECT id, pg_xact_commit_timestamp(((((payload->>'xid')::bigint % 4294967296)::text)::xid)) AS committed
-		  FROM bench.dbz_outbox WHERE aggregatetype = '$route' AND n > $n0"
-}
-
-# obx_latency RATE SECONDS CLIENTS: one latency run of obx's relay into
-# topic bench.vs.obx.rRATE.
-obx_latency()
-{
-	local rate=$1 secs=$2 clients=$3 topic=bench.vs.obx.r$1 seq0
-	sed "s/TOPIC/$topic/" "$here/pgbench/latency.sql" >"$work/vs_obx_$rate.sql"
-	chmod 644 "$work/vs_obx_$rate.sql"
-	run_pgbench -c "$clients" -j "$(pgbench_threads "$clients")" -R "$rate" -T 3 -M prepared \
-		-f "$work/vs_obx_$rate.sql" >/dev/null 2>&1 || true
-	settle_relay 120 >/dev/null || true
-	seq0=$(sql_value "$last_seq_sql")
-	run_pgbench -c "$clients" -j "$(pgbench_threads "$clients")" -R "$rate" -T "$secs" -M prepared \
-		-f "$work/vs_obx_$rate.sql" >"$work/vs_obx_$rate.log" 2>&1 || {
-		cat "$work/vs_obx_$rate.log" >&2
-		return 1
-	}
-	settle_relay 120 >/dev/null || true
-	latency_row "obx relay, defaults" "$rate" "$topic" "
-		SELECT id, pg_xact_commit_timestamp(((((payload->>'xid')::bigint % 4294967296)::text)::xid)) AS committed
-		  FROM obx.events WHERE topic = '$topic' AND seq > $seq0"
+		  FROM l" | tail -1
 }

@@ -204,3 +204,16 @@ CREATE TABLE bench.dbz_outbox (
 	payload				jsonb,
 	n					bigserial
 );
+
+/*
+ * The application's business table beside Debezium (bench/debezium.sh):
+ * each transaction of either side inserts an order row with its event.
+ */
+CREATE TABLE bench.orders (
+	id					bigint		GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	order_id			text		NOT NULL,
+	customer_id			text		NOT NULL,
+	total_minor			integer		NOT NULL,
+	currency			text		NOT NULL,
+	placed_at			timestamptz	NOT NULL DEFAULT now()
+);
