@@ -8,6 +8,9 @@
 
 work=""
 port=${BENCH_PORT:-55439}
+# The real cluster's JVM (KAFKA=real): see bench_start.
+bench_kafka_heap=${OBX_KAFKA_HEAP:-1g}
+bench_kafka_jvm=${OBX_KAFKA_JVM:--XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35}
 brokers=""
 mock_pid=""
 kafka_dir=""    # the real cluster's directory (tools/kafka-cluster), KAFKA=real
@@ -39,8 +42,12 @@ bench_start()
 
 	if [ "${KAFKA:-}" = real ]; then
 		# Three KRaft nodes on loopback; topics are made by bench_topic.
+		# The brokers' JVM as Kafka's own scripts start it (kafka-run-class:
+		# G1, a 1 GB heap), not the tests' quick-starting one, whose
+		# C1-only compiled code costs the brokers CPU on every request.
 		kafka_dir=$work/kafka
-		brokers=$("$root/tools/kafka-cluster" start "$kafka_dir" --nodes 3 | tail -1)
+		brokers=$(OBX_KAFKA_HEAP=$bench_kafka_heap OBX_KAFKA_JVM=$bench_kafka_jvm \
+			"$root/tools/kafka-cluster" start "$kafka_dir" --nodes 3 | tail -1)
 		# A fresh cluster's brokers load their transaction coordinators
 		# (which hand idempotent producers their ids) only now: wait until
 		# idempotent producers get theirs at once, so that no timed
@@ -143,7 +150,7 @@ kafka_ready()
 kafka_description()
 {
 	if [ -n "$kafka_dir" ]; then
-		echo "Kafka: Apache Kafka $OBX_KAFKA_VERSION, 3 KRaft nodes (broker and controller each) on loopback (tools/kafka-cluster); topics with 4 partitions, replication factor 3, min.insync.replicas 2, message.timestamp.type LogAppendTime"
+		echo "Kafka: Apache Kafka $OBX_KAFKA_VERSION, 3 KRaft nodes (broker and controller each) on loopback (tools/kafka-cluster; JVM: $bench_kafka_jvm -Xmx$bench_kafka_heap); topics with 4 partitions, replication factor 3, min.insync.replicas 2, message.timestamp.type LogAppendTime"
 	else
 		echo "stand-in: tools/obx-kafka-mock (3 brokers, 4 partitions per topic)"
 	fi
