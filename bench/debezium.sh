@@ -19,11 +19,10 @@
 # columns EventRouter reads by default), which EventRouter routes by
 # aggregatetype to a topic.
 #
-# Before the first round the brokers are warmed up (60 s at 2,000 events/s,
-# DEBEZIUM_BROKER_WARMUP_SECONDS): they run Kafka's own JVM settings
-# (bench/lib.sh), whose compiler is still at work under the first load.
-# Then DEBEZIUM_RUNS (3) rounds; in each, both publishers in turn (obx first
-# in odd rounds, Debezium first in even ones), each doing:
+# The brokers are warm before the first round (bench/lib.sh,
+# brokers_warm_up).  DEBEZIUM_RUNS (3) rounds; in each, both publishers
+# in turn (obx first in odd rounds, Debezium first in even ones), each
+# doing:
 # 1. Drain: DEBEZIUM_EVENTS (100,000) events committed in one statement
 #    while the publisher is stopped (obx: obx.workers = 0; Debezium:
 #    Connect stopped, its slot kept), then the publisher started.  The
@@ -80,15 +79,6 @@ bench_debezium()
 	sql -q -c "TRUNCATE bench.dbz_outbox, bench.orders" >/dev/null
 	dbz_start || return 1
 	dbz_stop
-
-	# The brokers' JVMs compile their hot code under the first load: warm
-	# them up (DEBEZIUM_BROKER_WARMUP_SECONDS, 60, at 2,000 events/s
-	# through obx's relay, not measured) so that the first round is not
-	# measured against cold brokers.
-	pg_phase "${dbz_base[@]}"
-	vs_script obx warm
-	vs_load obx warm 2000 "${DEBEZIUM_BROKER_WARMUP_SECONDS:-60}" || return 1
-	settle_relay 300 >/dev/null || return 1
 
 	for ((run = 1; run <= runs; run++)); do
 		if ((run % 2)); then
