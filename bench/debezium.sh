@@ -111,16 +111,16 @@ vs_obx()
 		vs_script obx "r$rate"
 		seq0=$(sql_value "$last_seq_sql")
 		vs_measure obx "$run" "$rate" "bench.vs.obx.r$rate" "
-			SELECT id, pg_xact_commit_timestamp(((((payload->>'xid')::bigint % 4294967296)::text)::xid)) AS committed
+			SELECT id, $payload_committed AS committed
 			  FROM obx.events WHERE topic = 'bench.vs.obx.r$rate' AND seq > $seq0" || return 1
 	done
 
 	vs_script obx tps
-	vs[obx,tps_on,$run]=$(full_speed "$work/vs_obx_tps.sql" "${DEBEZIUM_CLIENTS:-4}" "${DEBEZIUM_TPS_SECONDS:-15}") || return 1
+	vs[obx,tps_on,$run]=$(vs_tps obx) || return 1
 	vs[obx,backlog,$run]=$(sql_value "$pending_sql")
 	settle_relay 600 >/dev/null || return 1
 	pg_phase "${dbz_base[@]}" "obx.workers = 0"
-	vs[obx,tps_off,$run]=$(full_speed "$work/vs_obx_tps.sql" "${DEBEZIUM_CLIENTS:-4}" "${DEBEZIUM_TPS_SECONDS:-15}") || return 1
+	vs[obx,tps_off,$run]=$(vs_tps obx) || return 1
 	echo "round $run, obx: drain ${vs[obx,drain_rate,$run]} events/s (${vs[obx,drain_cpu,$run]} ms CPU per 1,000); tps ${vs[obx,tps_on,$run]} with the relay running (backlog ${vs[obx,backlog,$run]}), ${vs[obx,tps_off,$run]} with it stopped"
 }
 
@@ -147,16 +147,16 @@ vs_dbz()
 		vs_script dbz "r$rate"
 		n0=$(sql_value "SELECT coalesce(max(n), 0) FROM bench.dbz_outbox")
 		vs_measure dbz "$run" "$rate" "bench.vs.dbz.r$rate" "
-			SELECT id, pg_xact_commit_timestamp(((((payload->>'xid')::bigint % 4294967296)::text)::xid)) AS committed
+			SELECT id, $payload_committed AS committed
 			  FROM bench.dbz_outbox WHERE aggregatetype = 'r$rate' AND n > $n0" || return 1
 	done
 
 	vs_script dbz tps
-	vs[dbz,tps_on,$run]=$(full_speed "$work/vs_dbz_tps.sql" "${DEBEZIUM_CLIENTS:-4}" "${DEBEZIUM_TPS_SECONDS:-15}") || return 1
+	vs[dbz,tps_on,$run]=$(vs_tps dbz) || return 1
 	vs[dbz,backlog,$run]=$(dbz_backlog tps)
 	wait_for 600 "Debezium to publish its backlog" dbz_caught_up tps || return 1
 	dbz_stop
-	vs[dbz,tps_off,$run]=$(full_speed "$work/vs_dbz_tps.sql" "${DEBEZIUM_CLIENTS:-4}" "${DEBEZIUM_TPS_SECONDS:-15}") || return 1
+	vs[dbz,tps_off,$run]=$(vs_tps dbz) || return 1
 	echo "round $run, Debezium: drain ${vs[dbz,drain_rate,$run]} events/s (${vs[dbz,drain_cpu,$run]} ms CPU per 1,000); tps ${vs[dbz,tps_on,$run]} with Connect running (backlog ${vs[dbz,backlog,$run]}), ${vs[dbz,tps_off,$run]} with it stopped"
 }
 
@@ -181,6 +181,13 @@ vs_load()
 	}
 }
 
+# vs_tps obx|dbz: the application's tps at full speed (DEBEZIUM_CLIENTS
+# clients for DEBEZIUM_TPS_SECONDS) with the side's transaction.
+vs_tps()
+{
+	full_speed "$work/vs_$1_tps.sql" "${DEBEZIUM_CLIENTS:-4}" "${DEBEZIUM_TPS_SECONDS:-15}"
+}
+
 # vs_measure obx|dbz RUN RATE TOPIC COMMITS_SQL: one latency run at RATE,
 # from the load's start until its events are all published: commit ->
 # broker append over the events COMMITS_SQL lists, the brokers' and the
@@ -190,15 +197,14 @@ vs_measure()
 	local side=$1 run=$2 rate=$3 topic=$4 commits=$5 route=r$3
 	local secs=${DEBEZIUM_SECONDS:-20} b0 p0 b1 p1 events
 	b0=$(cpu_ms $(broker_pids))
-	if [ "$side" = obx ]; then p0=$(cpu_ms $(relay_pids)); else p0=$(cpu_ms $(dbz_pids)); fi
+	p0=$(cpu_ms $(vs_pids "$side"))
 	vs_load "$side" "$route" "$rate" "$secs" || return 1
 	if [ "$side" = obx ]; then
 		settle_relay 120 >/dev/null || true
-		p1=$(cpu_ms $(relay_pids))
 	else
 		wait_for 120 "Debezium to publish the run's events" dbz_caught_up "$route" || true
-		p1=$(cpu_ms $(dbz_pids))
 	fi
+	p1=$(cpu_ms $(vs_pids "$side"))
 	b1=$(cpu_ms $(broker_pids))
 	local events matched p50 p99 max
 	read -r events matched p50 p99 max <<<"$(latency_stats "$topic" "$commits")"
@@ -207,6 +213,13 @@ vs_measure()
 	vs[$side,brokers,$rate,$run]=$(per_k "$((b1 - b0))" "$events")
 	vs[$side,cpu,$rate,$run]=$(per_k "$((p1 - p0))" "$events")
 	echo "round $run, $(vs_name "$side") at $rate/s: $events events ($matched read back), commit -> append p50 $p50 ms, p99 $p99 ms, max $max ms; CPU per 1,000 events: brokers ${vs[$side,brokers,$rate,$run]} ms, publisher ${vs[$side,cpu,$rate,$run]} ms"
+}
+
+# vs_pids obx|dbz: the publisher's processes: obx's relay workers, or
+# Connect's JVM and its walsender.
+vs_pids()
+{
+	if [ "$1" = obx ]; then relay_pids; else dbz_pids; fi
 }
 
 vs_name()

@@ -443,6 +443,11 @@ statements_print()
 # The last event sequence number handed out (0 before the first).
 last_seq_sql="SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM obx.event_seq"
 
+# payload_committed: the SQL expression of an event's commit time, from
+# the transaction id its payload carries (pgbench/latency.sql and its
+# kin) and track_commit_timestamp.
+payload_committed="pg_xact_commit_timestamp((((payload->>'xid')::bigint % 4294967296)::text)::xid)"
+
 # latency_ctes SEQ0 TOPIC: two CTEs for the latency of the events a
 # pgbench script enqueued (its payload carries its transaction's xid):
 # "pub", each event's first publish since SEQ0 (from the records), and
@@ -457,7 +462,7 @@ latency_ctes()
 			 WHERE r.max_seq > $1 GROUP BY x.id),
 		ev AS (
 			SELECT e.id, pub.published_at,
-				   pg_xact_commit_timestamp((((e.payload->>'xid')::bigint % 4294967296)::text)::xid) AS committed
+				   $payload_committed AS committed
 			  FROM obx.events e LEFT JOIN pub USING (id) WHERE e.topic = '$2' AND e.seq > $1)
 	EOF
 }
